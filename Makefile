@@ -1,0 +1,29 @@
+# plexgpu — two commands on a fresh machine:
+#   make demo   set up .venv, synthesize the demo data, run the workflow on it (CPU, written in config/demo.yaml)
+#   make test   set up .venv, run the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.plexgpu-installed
+CORES  ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: demo test venv clean-demo
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	@test -f demo/raw/experiment.json || $(BIN)/plexgpu synth demo/raw --cycles 3 --grid 3x3 --tile 256x256 --z 5 --channels 2 --seed 0
+	$(BIN)/plexgpu validate --configfile config/demo.yaml
+	@echo "demo data: demo/raw (ground truth in demo/raw/truth/)"
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+clean-demo:
+	rm -rf demo

@@ -1,0 +1,66 @@
+"""The synthetic dataset: deterministic bytes and consistent ground truth."""
+
+import hashlib
+
+import numpy as np
+
+from plexgpu.io.raw import tile_filename
+from plexgpu.io.tiff import read_tiff
+from plexgpu.synth import SynthDataset, SynthSpec, load_truth
+
+
+def _digest(folder):
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(folder).as_posix().encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def test_same_arguments_identical_bytes(tmp_path):
+    spec = SynthSpec(cycles=2, rows=2, cols=2, tile=(64, 64), z_planes=3, channels=2, seed=7)
+    SynthDataset(spec).write(tmp_path / "a")
+    SynthDataset(spec).write(tmp_path / "b")
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    SynthDataset(SynthSpec(cycles=2, rows=2, cols=2, tile=(64, 64), z_planes=3, channels=2, seed=8)).write(tmp_path / "c")
+    assert _digest(tmp_path / "a") != _digest(tmp_path / "c")
+
+
+def test_tile_is_specimen_crop_before_noise_and_shading(tmp_path):
+    spec = SynthSpec(cycles=2, rows=2, cols=3, tile=(64, 80), z_planes=3, channels=2, seed=1,
+                     poisson=False, read_noise=0.0)
+    SynthDataset(spec).write(tmp_path)
+    ds, truth = load_truth(tmp_path)
+    for cycle in (1, 2):
+        for ch in (1, 2):
+            stack = ds.stack(cycle, ch)
+            for z in (1, 3):
+                flat, dark = ds.flatfield(ch, z), ds.darkfield(ch, z)
+                for t, (y, x) in enumerate(truth["positions"][cycle - 1], start=1):
+                    raw = read_tiff(tmp_path / f"cyc{cycle:03d}_reg001" / tile_filename(1, t, z, ch)).astype(np.float32)
+                    unshaded = (raw - dark) / flat
+                    expect = ds.background(ch) + ds.amplitude(ch) * stack[z - 1, y:y + 64, x:x + 80]
+                    assert np.abs(unshaded - expect).max() <= 0.5 / flat.min() + 1e-3
+
+
+def test_truth_features():
+    ds = SynthDataset(SynthSpec(cycles=3, rows=2, cols=2, tile=(64, 64), z_planes=5, channels=3, seed=2))
+    assert ds.cycle_shifts[0] == (0, 0) and any(s != (0, 0) for s in ds.cycle_shifts[1:])
+    # flatfield mean 1, differs between z-planes of one channel (why BaSiC runs per plane)
+    f1, f5 = ds.flatfield(2, 1), ds.flatfield(2, 5)
+    assert abs(f1.mean() - 1) < 1e-5 and np.abs(f1 - f5).max() > 0.02
+    # depth varies across the field, and the in-focus plane is the sharpest
+    depth = ds.depth_map(1)
+    assert depth.max() - depth.min() > 1.0
+    stack = ds.stack(1, 1)
+    sharp = ds.specimen(1, 1)
+    iz = np.clip(np.rint(depth), 0, 4).astype(int)
+    best = np.take_along_axis(stack, iz[None], 0)[0]
+    assert np.corrcoef(best.ravel(), sharp.ravel())[0, 1] > 0.99
+    # sparse marker channel covers far less area than the nuclear stain
+    assert (ds.specimen(1, 2) > 0.2).mean() < 0.5 * (ds.specimen(1, 1) > 0.2).mean()
+    # positions are on the nominal grid up to the jitter
+    (sy, sx) = ds.spec.step
+    pos = np.array(ds.positions[0])
+    assert np.abs(pos[1] - pos[0] - [0, sx]).max() <= 2 * ds.spec.jitter_px

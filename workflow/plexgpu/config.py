@@ -1,0 +1,100 @@
+"""The config contract: load YAML files, validate them against the one schema.
+
+The schema lives in ``config/schema/config.schema.yaml`` at the root of the
+checkout; the workflow (Snakefile) and the CLI both validate through
+``validate_config`` so defaults exist in exactly one place: the schema.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+#: root of the checkout (workflow/plexgpu/config.py -> ../../)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "config" / "schema" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config mistake, stated in one line naming the key."""
+
+
+def _deep_update(base: dict, new: dict) -> dict:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def read_config_files(paths: Iterable[str | Path]) -> dict:
+    """Merge YAML config files in order (later files win), like snakemake --configfile."""
+    merged: dict = {}
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+        _deep_update(merged, data)
+    return merged
+
+
+def _key_path(error) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    return ".".join(parts) if parts else "<top level>"
+
+
+def validate_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``config`` in place against the schema and fill in its defaults.
+
+    Raises ConfigError with one line naming the offending key.
+    """
+    import jsonschema
+    from snakemake.utils import validate
+
+    optics = config.get("optics")
+    if isinstance(optics, dict) and isinstance(optics.get("emission_nm"), dict):
+        # YAML reads `1: 461` with an int key; the schema (JSON) speaks strings
+        optics["emission_nm"] = {str(k): v for k, v in optics["emission_nm"].items()}
+    try:
+        validate(config, str(SCHEMA_PATH))
+    except Exception as exc:  # snakemake wraps jsonschema's error in a WorkflowError
+        cause = exc
+        while cause is not None and not isinstance(cause, jsonschema.ValidationError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise ConfigError(f"config does not match the schema: {exc}".replace("\n", " ")) from None
+        raise ConfigError(_describe(cause)) from None
+    return config
+
+
+def _describe(error) -> str:
+    """One line naming the key of a jsonschema ValidationError."""
+    where = _key_path(error)
+    if error.validator == "additionalProperties":
+        # name the unexpected key itself, with its full path
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        if extra:
+            base = "" if where == "<top level>" else where + "."
+            return (f"config key {base}{extra[0]} is not allowed (unknown key, maybe a typo); "
+                    f"allowed here: {', '.join(sorted(error.schema.get('properties', {})))}")
+    if error.validator == "required":
+        return f"config key {error.message.split(chr(39))[1]} is required ({where})"
+    return f"config key {where}: {error.message}"
+
+
+def load_config(paths: Iterable[str | Path], overrides: dict | None = None) -> dict[str, Any]:
+    """Read, merge and validate config files; the single entry point of the CLI."""
+    config = read_config_files(paths)
+    if overrides:
+        _deep_update(config, overrides)
+    return validate_config(config)

@@ -1,0 +1,152 @@
+"""Resolve a validated config plus raw metadata into one Experiment: the cycles,
+their folders, channels, markers, grid and optics every stage works from.
+
+Config wins over metadata; metadata fills what config leaves out; a value that
+neither gives is an error naming the config key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .io.metadata import read_experiment_json, read_marker_file
+from .io.raw import (CycleInventory, RawDataError, check_headers, cycle_key, grid_layout,
+                     inventory_cycle, select_cycle_dirs)
+
+#: emission peaks of the usual CODEX channels (DAPI, AF488/ATTO550/Cy5-class dyes), nm
+DEFAULT_EMISSION_NM = {1: 461.0, 2: 520.0, 3: 570.0, 4: 670.0}
+
+
+@dataclass
+class Experiment:
+    raw_dir: Path
+    results_dir: Path
+    region: int
+    cycles: list[int]
+    inventories: dict[int, CycleInventory]
+    channels: list[int]
+    markers: dict[tuple[int, int], str]
+    rows: int
+    cols: int
+    overlap: float
+    order: str
+    z_planes: int
+    pixel_size_um: float
+    z_step_um: float
+    emission_nm: dict[int, float] = field(default_factory=dict)
+    tile_shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+
+    @property
+    def cycle_keys(self) -> list[str]:
+        return [cycle_key(c) for c in self.cycles]
+
+    @property
+    def n_tiles(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def layout(self) -> list[tuple[int, int]]:
+        return grid_layout(self.rows, self.cols, self.order)
+
+    def tile_paths(self, cycle: int, channel: int, z: int) -> list[Path]:
+        """Raw files of one (cycle, channel, z-plane), in acquisition order (z from 1)."""
+        inv = self.inventories[cycle]
+        return [inv.path(self.region, t, z, channel) for t in range(1, self.n_tiles + 1)]
+
+    def marker_names(self, cycle: int) -> list[str]:
+        return [self.markers[(cycle, ch)] for ch in self.channels]
+
+
+def _pick(config_value, meta: dict, key: str, config_key: str, required: bool = True):
+    if config_value is not None:
+        return config_value
+    if key in meta:
+        return meta[key]
+    if required:
+        raise RawDataError(f"config key {config_key} is not set and experiment.json does not give it")
+    return None
+
+
+def _resolve_markers(config: dict, meta: dict, raw_dir: Path, cycles: list[int],
+                     channels: list[int]) -> dict[tuple[int, int], str]:
+    names = config.get("markers")
+    source = "markers"
+    if names is None and config.get("markers_file"):
+        names, source = read_marker_file(config["markers_file"]), "markers_file"
+    if names is None and (raw_dir / "channelNames.txt").is_file():
+        names, source = read_marker_file(raw_dir / "channelNames.txt"), f"{raw_dir / 'channelNames.txt'}"
+    if names is None and "markers" in meta:
+        names, source = meta["markers"], "experiment.json channelNames"
+    nch = len(channels)
+    if names is None:
+        return {(c, ch): f"cyc{c:03d}_CH{ch}" for c in cycles for ch in channels}
+    if len(names) == len(cycles) * nch:
+        return {(c, ch): names[i * nch + j] for i, c in enumerate(cycles) for j, ch in enumerate(channels)}
+    if len(names) >= max(cycles) * nch and len(names) % nch == 0:
+        return {(c, ch): names[(c - 1) * nch + j] for c in cycles for j, ch in enumerate(channels)}
+    raise RawDataError(
+        f"config key markers: {source} gives {len(names)} marker names, but {len(cycles)} cycles x "
+        f"{nch} channels need {len(cycles) * nch} (or {max(cycles) * nch} covering cycles 1..{max(cycles)})")
+
+
+def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 1) -> Experiment:
+    """Discover the raw data a validated config points at and check it is complete.
+
+    ``read_headers`` also reads every TIFF header (one shape and dtype per cycle).
+    """
+    raw_dir = Path(config["raw_dir"])
+    meta = read_experiment_json(raw_dir) if raw_dir.is_dir() else {}
+    region = config["region"]
+    grid, optics = config["grid"], config["optics"]
+    cycles_cfg = config.get("cycles")
+    if cycles_cfg is None and "num_cycles" in meta:
+        cycles_cfg = list(range(1, meta["num_cycles"] + 1))
+    dirs = select_cycle_dirs(raw_dir, cycles_cfg, region)
+    cycles = sorted(dirs)
+    rows = _pick(grid.get("rows"), meta, "rows", "grid.rows")
+    cols = _pick(grid.get("cols"), meta, "cols", "grid.cols")
+    overlap = _pick(grid.get("overlap"), meta, "overlap", "grid.overlap")
+    z_cfg = _pick(grid.get("z_planes"), meta, "z_planes", "grid.z_planes", required=False)
+    inventories: dict[int, CycleInventory] = {}
+    channels = config.get("channels")
+    z_planes = z_cfg
+    for c in cycles:
+        inv = inventory_cycle(c, dirs[c], region, rows * cols, channels, z_planes)
+        channels = list(inv.channels)
+        z_planes = inv.z_planes
+        inventories[c] = inv
+    markers = _resolve_markers(config, meta, raw_dir, cycles, channels)
+    emission = dict(DEFAULT_EMISSION_NM)
+    emission.update({int(k): float(v) for k, v in optics.get("emission_nm", {}).items()})
+    missing_em = [ch for ch in channels if ch not in emission]
+    if missing_em:
+        raise RawDataError(f"config key optics.emission_nm has no wavelength for channel(s) {missing_em}")
+    ref = config["stitch"]["reference_channel"]
+    if ref not in channels:
+        raise RawDataError(f"config key stitch.reference_channel = {ref} is not among channels {channels}")
+    reg = config["registration"]
+    if reg["reference_channel"] not in channels:
+        raise RawDataError(f"config key registration.reference_channel = {reg['reference_channel']} "
+                           f"is not among channels {channels}")
+    if reg.get("reference_cycle") is not None and reg["reference_cycle"] not in cycles:
+        raise RawDataError(f"config key registration.reference_cycle = {reg['reference_cycle']} "
+                           f"is not among cycles {cycles}")
+    exp = Experiment(
+        raw_dir=raw_dir, results_dir=Path(config["results_dir"]), region=region, cycles=cycles,
+        inventories=inventories, channels=channels, markers=markers, rows=rows, cols=cols,
+        overlap=float(overlap), order=grid["order"], z_planes=z_planes,
+        pixel_size_um=float(_pick(optics.get("pixel_size_um"), meta, "pixel_size_um", "optics.pixel_size_um")),
+        z_step_um=float(_pick(optics.get("z_step_um"), meta, "z_step_um", "optics.z_step_um")),
+        emission_nm={ch: emission[ch] for ch in channels},
+    )
+    if read_headers:
+        shapes = {}
+        for c in cycles:
+            shapes[c] = check_headers(inventories[c], region, workers)
+        exp.tile_shape, exp.dtype = shapes[cycles[0]]
+        for c, (shape, dtype) in shapes.items():
+            if len(shape) != 2:
+                raise RawDataError(f"cycle {c}: tiles must be 2-D (Y, X) images, found shape {shape}")
+    return exp

@@ -1,0 +1,1 @@
+"""Raw CODEX discovery (``raw``), instrument metadata (``metadata``) and TIFF I/O (``tiff``)."""

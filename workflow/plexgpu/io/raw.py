@@ -1,0 +1,154 @@
+"""Discovery of raw CODEX / PhenoCycler-Keyence cycles, read-only.
+
+Layout (design §2)::
+
+    <raw_dir>/cyc001_reg001[_<date>_<time>]/1_00001_Z001_CH1.tif
+
+Cycle folders may also be spelled ``cyc01_…`` or ``Cyc01_…``. The cycle number
+is the whole run of digits after ``cyc``, so ``cyc1`` never matches ``cyc011``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+CYCLE_DIR_RE = re.compile(r"^[cC]yc(?P<cycle>\d+)(?:_reg(?P<region>\d+))?(?:_.*)?$")
+TILE_RE = re.compile(r"^(?P<region>\d+)_(?P<tile>\d{5})_Z(?P<z>\d{3})_CH(?P<channel>\d+)\.tif$")
+#: how many missing files an error names before giving the count
+SHOW_FIRST = 5
+
+
+class RawDataError(ValueError):
+    """Raw data that does not match the expected layout; the message names the file or key."""
+
+
+def tile_filename(region: int, tile: int, z: int, channel: int) -> str:
+    """File name of one raw tile (tile, z and channel numbered from 1)."""
+    return f"{region}_{tile:05d}_Z{z:03d}_CH{channel}.tif"
+
+
+def cycle_key(cycle: int) -> str:
+    """Wildcard value and folder name used for a cycle in results: ``cyc001``."""
+    return f"cyc{cycle:03d}"
+
+
+def find_cycle_dirs(raw_dir: str | Path, region: int = 1) -> dict[int, Path]:
+    """Map cycle number -> its folder; two folders for one cycle is an error naming both."""
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        raise RawDataError(f"raw_dir {raw_dir} is not a folder")
+    found: dict[int, list[Path]] = {}
+    for entry in sorted(os.scandir(raw_dir), key=lambda e: e.name):
+        if not entry.is_dir():
+            continue
+        m = CYCLE_DIR_RE.match(entry.name)
+        if not m:
+            continue
+        if m["region"] is not None and int(m["region"]) != region:
+            continue
+        found.setdefault(int(m["cycle"]), []).append(Path(entry.path))
+    for cycle, dirs in found.items():
+        if len(dirs) > 1:
+            names = ", ".join(d.name for d in dirs)
+            raise RawDataError(f"cycle {cycle} matches {len(dirs)} folders in {raw_dir}: {names}; keep exactly one")
+    return {cycle: dirs[0] for cycle, dirs in sorted(found.items())}
+
+
+def select_cycle_dirs(raw_dir: str | Path, cycles: list[int] | None, region: int = 1) -> dict[int, Path]:
+    """The folders of the requested cycles (all found ones when ``cycles`` is None)."""
+    found = find_cycle_dirs(raw_dir, region)
+    if cycles is None:
+        if not found:
+            raise RawDataError(f"no cycle folders (cyc001_reg{region:03d}...) in raw_dir {raw_dir}")
+        return found
+    missing = [c for c in cycles if c not in found]
+    if missing:
+        raise RawDataError(
+            f"cycles {missing} listed in config key cycles have no folder in {raw_dir} "
+            f"(found cycles: {sorted(found) or 'none'})")
+    return {c: found[c] for c in sorted(cycles)}
+
+
+def grid_layout(rows: int, cols: int, order: str) -> list[tuple[int, int]]:
+    """(row, col) of each tile in acquisition order (index 0 = tile 1)."""
+    layout = []
+    for i in range(rows * cols):
+        row, col = divmod(i, cols)
+        if order == "snake" and row % 2 == 1:
+            col = cols - 1 - col
+        elif order not in ("snake", "rows"):
+            raise RawDataError(f"config key grid.order must be snake or rows, not {order!r}")
+        layout.append((row, col))
+    return layout
+
+
+@dataclass(frozen=True)
+class CycleInventory:
+    """What one cycle folder holds, after checking it is complete."""
+
+    cycle: int
+    folder: Path
+    n_tiles: int
+    z_planes: int
+    channels: tuple[int, ...]
+
+    def path(self, region: int, tile: int, z: int, channel: int) -> Path:
+        return self.folder / tile_filename(region, tile, z, channel)
+
+
+def scan_tile_names(folder: Path, region: int) -> dict[tuple[int, int, int], str]:
+    """(tile, z, channel) -> file name for every tile file of ``region`` in ``folder``."""
+    names = {}
+    for entry in os.scandir(folder):
+        m = TILE_RE.match(entry.name)
+        if m and int(m["region"]) == region:
+            names[(int(m["tile"]), int(m["z"]), int(m["channel"]))] = entry.name
+    return names
+
+
+def inventory_cycle(cycle: int, folder: Path, region: int, n_tiles: int,
+                    channels: list[int] | None, z_planes: int | None) -> CycleInventory:
+    """Check that every (tile, z, channel) file exists, and nothing beyond the grid."""
+    names = scan_tile_names(folder, region)
+    if not names:
+        raise RawDataError(f"no tile files {tile_filename(region, 1, 1, 1)}... in {folder}")
+    seen_tiles = {t for t, _, _ in names}
+    seen_channels = sorted({c for _, _, c in names})
+    chans = list(channels) if channels is not None else seen_channels
+    nz = z_planes if z_planes is not None else max(z for _, z, _ in names)
+    extra = sorted(t for t in seen_tiles if t > n_tiles or t < 1)
+    if extra:
+        raise RawDataError(
+            f"{folder}: tile {extra[0]} found ({tile_filename(region, extra[0], 1, chans[0])}) but the grid "
+            f"rows x cols holds {n_tiles} tiles ({len(extra)} tile number(s) beyond it); check grid.rows/grid.cols")
+    missing = [tile_filename(region, t, z, c)
+               for t in range(1, n_tiles + 1) for z in range(1, nz + 1) for c in chans
+               if (t, z, c) not in names]
+    if missing:
+        shown = ", ".join(missing[:SHOW_FIRST])
+        raise RawDataError(f"{folder}: {len(missing)} tile file(s) missing, first: {shown}")
+    return CycleInventory(cycle, folder, n_tiles, nz, tuple(chans))
+
+
+def check_headers(inv: CycleInventory, region: int, workers: int = 1) -> tuple[tuple[int, ...], str]:
+    """Read every tile's TIFF header (not its pixels); one shape and dtype per cycle.
+
+    Returns (shape, dtype name). A file that is not a readable TIFF is named in the error.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .tiff import read_tiff_header
+
+    paths = [inv.path(region, t, z, c) for t in range(1, inv.n_tiles + 1)
+             for z in range(1, inv.z_planes + 1) for c in inv.channels]
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        headers = list(pool.map(read_tiff_header, paths))
+    first_shape, first_dtype = headers[0]
+    for path, (shape, dtype) in zip(paths, headers):
+        if shape != first_shape or dtype != first_dtype:
+            raise RawDataError(f"{path}: shape {shape} {dtype} differs from {paths[0].name} "
+                               f"{first_shape} {first_dtype}; one shape and dtype per cycle")
+    return first_shape, first_dtype

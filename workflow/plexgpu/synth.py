@@ -1,0 +1,289 @@
+"""A seeded CODEX-like synthetic dataset with ground truth.
+
+Per cycle the same specimen (shifted by a per-cycle offset) is imaged as a grid of
+tiles x z-planes x channels:
+
+* specimen: nuclei-like blobs with pixel-level texture; channel 1 is a nuclear
+  stain present in every cycle, the other channels label a random subset of
+  nuclei (sparse markers where ``sparse_fraction`` is small);
+* depth: an in-focus depth that varies smoothly across the field; a plane within
+  half a z-step of it is sharp, farther planes are blurred by defocus;
+* acquisition: true stage positions = nominal grid + jitter; per-(channel, z)
+  smooth flatfield and darkfield; Poisson + read noise; uint16.
+
+Same arguments -> identical bytes. Ground truth is written to ``<out>/truth/``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy import ndimage
+
+from .io.raw import grid_layout, tile_filename
+from .io.tiff import write_text_atomic, write_tiff
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    cycles: int = 3
+    rows: int = 3
+    cols: int = 3
+    tile: tuple[int, int] = (256, 256)
+    z_planes: int = 5
+    channels: int = 2
+    overlap: float = 0.3
+    order: str = "snake"
+    region: int = 1
+    seed: int = 0
+    jitter_px: int = 3
+    cycle_shift_px: int = 8
+    blur_px_per_plane: float = 1.2
+    read_noise: float = 3.0
+    poisson: bool = True
+    sparse_fraction: float = 0.08
+    blank_tiles: tuple[int, ...] = ()
+    pixel_size_um: float = 0.377
+    z_step_um: float = 1.5
+    markers: tuple[str, ...] = field(default=())
+
+    @property
+    def step(self) -> tuple[int, int]:
+        h, w = self.tile
+        return int(round(h * (1 - self.overlap))), int(round(w * (1 - self.overlap)))
+
+    @property
+    def margin(self) -> int:
+        return self.jitter_px + 2
+
+    @property
+    def frame_shape(self) -> tuple[int, int]:
+        """Shape of one cycle's field (the area the stage can reach)."""
+        (sy, sx), (h, w) = self.step, self.tile
+        return ((self.rows - 1) * sy + h + 2 * self.margin, (self.cols - 1) * sx + w + 2 * self.margin)
+
+    def marker_names(self) -> list[str]:
+        if self.markers:
+            return list(self.markers)
+        names = []
+        for c in range(1, self.cycles + 1):
+            names += ["DAPI"] + [f"M{c:02d}{ch}" for ch in range(2, self.channels + 1)]
+        return names
+
+
+class SynthDataset:
+    """Ground truth of a synthetic dataset, computed deterministically from a SynthSpec."""
+
+    def __init__(self, spec: SynthSpec):
+        self.spec = spec
+        rng = np.random.default_rng(spec.seed)
+        fy, fx = spec.frame_shape
+        s = spec.cycle_shift_px
+        self.canvas_shape = (fy + 2 * s, fx + 2 * s)
+        # per-cycle specimen offset of the frame inside the canvas (cycle 1 = no shift)
+        self.cycle_shifts = [(0, 0)] + [tuple(int(v) for v in rng.integers(-s, s + 1, 2))
+                                        for _ in range(spec.cycles - 1)]
+        (sy, sx), m, j = spec.step, spec.margin, spec.jitter_px
+        self.positions = []  # per cycle: list of (y, x) of each tile (acquisition order) in the frame
+        layout = grid_layout(spec.rows, spec.cols, spec.order)
+        for _ in range(spec.cycles):
+            jit = rng.integers(-j, j + 1, size=(len(layout), 2))
+            self.positions.append([(m + r * sy + int(jy), m + c * sx + int(jx))
+                                   for (r, c), (jy, jx) in zip(layout, jit)])
+        self._nuclei_seed = int(rng.integers(2**31))
+        self._marker_seeds = rng.integers(2**31, size=(spec.cycles, spec.channels))
+        self._noise_seed = int(rng.integers(2**31))
+        self.nuclei, self.nucleus_labels = self._make_nuclei()
+        self.depth = self._make_depth()
+        self.blank_mask = self._make_blank_mask()
+
+    # ------------------------------------------------------------------ specimen
+    def _make_nuclei(self):
+        rng = np.random.default_rng(self._nuclei_seed)
+        shape = self.canvas_shape
+        n = max(8, shape[0] * shape[1] // 500)
+        ys = rng.uniform(0, shape[0], n)
+        xs = rng.uniform(0, shape[1], n)
+        radius = rng.uniform(3.0, 6.0, n)
+        amp = rng.uniform(0.5, 1.0, n)
+        yy, xx = np.mgrid[0:shape[0], 0:shape[1]]
+        labels = np.zeros(shape, np.int32)
+        img = np.zeros(shape, np.float32)
+        for i in range(n):
+            y0, y1 = int(max(0, ys[i] - 3 * radius[i])), int(min(shape[0], ys[i] + 3 * radius[i] + 1))
+            x0, x1 = int(max(0, xs[i] - 3 * radius[i])), int(min(shape[1], xs[i] + 3 * radius[i] + 1))
+            d2 = (yy[y0:y1, x0:x1] - ys[i]) ** 2 + (xx[y0:y1, x0:x1] - xs[i]) ** 2
+            blob = amp[i] / (1.0 + np.exp((np.sqrt(d2) - radius[i]) / 0.8))
+            sub = img[y0:y1, x0:x1]
+            take = blob > sub
+            sub[take] = blob[take]
+            labels[y0:y1, x0:x1][take & (blob > 0.5 * amp[i])] = i + 1
+        texture = ndimage.gaussian_filter(rng.standard_normal(shape).astype(np.float32), 0.8)
+        texture /= texture.std()
+        tissue = ndimage.gaussian_filter(img, 6.0)
+        img = np.clip(img * (1.0 + 0.25 * texture) + 0.15 * tissue / max(tissue.max(), 1e-6)
+                      * (1.0 + 0.5 * texture), 0, None)
+        return img.astype(np.float32), labels
+
+    def _make_depth(self):
+        """In-focus depth (z index, 0-based, fractional) across the canvas."""
+        nz = self.spec.z_planes
+        yy, xx = np.mgrid[0:self.canvas_shape[0], 0:self.canvas_shape[1]].astype(np.float32)
+        u, v = yy / self.canvas_shape[0], xx / self.canvas_shape[1]
+        centre = (nz - 1) / 2.0
+        span = max(0.0, (nz - 3) / 2.0)  # keep a plane on either side of focus
+        d = centre + span * (0.6 * (v - 0.5) * 2 * 0.8 + 0.4 * np.sin(2 * np.pi * (u + 0.3 * v)))
+        return np.clip(d, 1.0 if nz >= 3 else 0.0, max(nz - 2.0, 0.0)).astype(np.float32)
+
+    def _make_blank_mask(self):
+        mask = np.zeros(self.canvas_shape, bool)
+        if not self.spec.blank_tiles:
+            return mask
+        (sy, sx), (h, w), m, s = self.spec.step, self.spec.tile, self.spec.margin, self.spec.cycle_shift_px
+        layout = grid_layout(self.spec.rows, self.spec.cols, self.spec.order)
+        pad = self.spec.jitter_px + s + 2
+        for t in self.spec.blank_tiles:
+            r, c = layout[t - 1]
+            y0, x0 = s + m + r * sy - pad, s + m + c * sx - pad
+            mask[max(0, y0):y0 + h + 2 * pad, max(0, x0):x0 + w + 2 * pad] = True
+        return mask
+
+    def specimen(self, cycle: int, channel: int) -> np.ndarray:
+        """Sharp specimen of (cycle, channel) in the cycle's frame, in [0, ~1.5] (cycle, channel from 1)."""
+        spec = self.spec
+        if channel == 1:
+            img = self.nuclei
+        else:
+            rng = np.random.default_rng(int(self._marker_seeds[cycle - 1, channel - 1]))
+            n = int(self.nucleus_labels.max())
+            frac = spec.sparse_fraction if channel % 2 == 0 else 0.4
+            keep = np.concatenate([[False], rng.random(n) < frac])
+            gain = np.concatenate([[0.0], rng.uniform(0.4, 1.0, n)]).astype(np.float32)
+            lab = self.nucleus_labels
+            grown = ndimage.grey_dilation(np.where(keep[lab], lab, 0), size=5)
+            img = self.nuclei * np.where(grown > 0, gain[grown], 0.0).astype(np.float32)
+            img = ndimage.gaussian_filter(img, 0.7)
+        img = np.where(self.blank_mask, 0.0, img).astype(np.float32)
+        return self._frame(cycle, img)
+
+    def _frame(self, cycle: int, canvas: np.ndarray) -> np.ndarray:
+        dy, dx = self.cycle_shifts[cycle - 1]
+        s = self.spec.cycle_shift_px
+        fy, fx = self.spec.frame_shape
+        return canvas[s + dy:s + dy + fy, s + dx:s + dx + fx]
+
+    def depth_map(self, cycle: int) -> np.ndarray:
+        return self._frame(cycle, self.depth)
+
+    def stack(self, cycle: int, channel: int) -> np.ndarray:
+        """Clean (no shading, no noise) z-stack of (cycle, channel) in the cycle's frame, float32 ZYX."""
+        sharp = self.specimen(cycle, channel)
+        depth = self.depth_map(cycle)
+        nz, k = self.spec.z_planes, self.spec.blur_px_per_plane
+        blurred = [sharp] + [ndimage.gaussian_filter(sharp, k * j) for j in range(1, nz + 1)]
+        out = np.empty((nz,) + sharp.shape, np.float32)
+        for z in range(nz):
+            delta = np.clip(np.abs(z - depth) - 0.5, 0, nz - 1)
+            j0 = np.floor(delta).astype(np.int32)
+            frac = (delta - j0).astype(np.float32)
+            plane = np.zeros(sharp.shape, np.float32)
+            for j in np.unique(j0):
+                sel = j0 == j
+                plane[sel] = (1 - frac[sel]) * blurred[j][sel] + frac[sel] * blurred[j + 1][sel]
+            out[z] = plane
+        return out
+
+    # ------------------------------------------------------------------ acquisition
+    def amplitude(self, channel: int) -> float:
+        return 3000.0 / channel
+
+    def background(self, channel: int) -> float:
+        return 60.0
+
+    def flatfield(self, channel: int, z: int) -> np.ndarray:
+        """Smooth flatfield of (channel, z), mean 1 (channel and z from 1)."""
+        h, w = self.spec.tile
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        cy = h * (0.5 + 0.12 * np.sin(1.3 * channel + 0.4 * z))
+        cx = w * (0.5 + 0.12 * np.cos(0.7 * channel + 0.3 * z))
+        a = 0.35 + 0.02 * z + 0.03 * channel
+        r2 = ((yy - cy) / h) ** 2 + ((xx - cx) / w) ** 2
+        f = np.exp(-a * r2 * 2.0)
+        return (f / f.mean()).astype(np.float32)
+
+    def darkfield(self, channel: int, z: int) -> np.ndarray:
+        h, w = self.spec.tile
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        base = 90.0 + 10.0 * channel + 2.0 * z
+        return (base + 25.0 * (xx / w) + 15.0 * np.sin(np.pi * yy / h)).astype(np.float32)
+
+    def expected_tiles(self, cycle: int, channel: int, z: int, stack: np.ndarray | None = None):
+        """Noise-free tiles (shaded, with darkfield) of one plane, acquisition order, float32."""
+        plane = (stack if stack is not None else self.stack(cycle, channel))[z - 1]
+        signal = self.background(channel) + self.amplitude(channel) * plane
+        flat, dark = self.flatfield(channel, z), self.darkfield(channel, z)
+        h, w = self.spec.tile
+        return [signal[y:y + h, x:x + w] * flat + dark for y, x in self.positions[cycle - 1]]
+
+    def write(self, out: str | Path) -> Path:
+        """Write the raw layout, experiment.json, channelNames.txt and truth/ under ``out``."""
+        out = Path(out)
+        spec = self.spec
+        for c in range(1, spec.cycles + 1):
+            folder = out / f"cyc{c:03d}_reg{spec.region:03d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for ch in range(1, spec.channels + 1):
+                stack = self.stack(c, ch)
+                for z in range(1, spec.z_planes + 1):
+                    rng = np.random.default_rng([self._noise_seed, c, ch, z])
+                    for t, tile in enumerate(self.expected_tiles(c, ch, z, stack), start=1):
+                        dark = self.darkfield(ch, z)
+                        sig = tile - dark
+                        if spec.poisson:
+                            sig = rng.poisson(np.clip(sig, 0, None)).astype(np.float32)
+                        val = sig + dark
+                        if spec.read_noise:
+                            val = val + rng.normal(0, spec.read_noise, val.shape).astype(np.float32)
+                        raw = np.clip(np.rint(val), 0, 65535).astype(np.uint16)
+                        write_tiff(folder / tile_filename(spec.region, t, z, ch), raw)
+        h, w = spec.tile
+        experiment = {
+            "name": "plexgpu synthetic", "numCycles": spec.cycles, "regionWidth": spec.cols,
+            "regionHeight": spec.rows, "tileWidth": w, "tileHeight": h, "tileOverlapX": spec.overlap,
+            "tileOverlapY": spec.overlap, "xyResolution": spec.pixel_size_um * 1000.0,
+            "zPitch": spec.z_step_um * 1000.0, "numZPlanes": spec.z_planes,
+            "channelNames": {"channelNamesArray": self.spec.marker_names()},
+        }
+        write_text_atomic(out / "experiment.json", json.dumps(experiment, indent=2))
+        write_text_atomic(out / "channelNames.txt", "\n".join(self.spec.marker_names()) + "\n")
+        self.write_truth(out / "truth")
+        return out
+
+    def write_truth(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = self.spec
+        truth = {
+            "spec": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(spec).items()},
+            "cycle_shifts": [list(s) for s in self.cycle_shifts],
+            "positions": [[list(p) for p in pos] for pos in self.positions],
+        }
+        write_text_atomic(folder / "truth.json", json.dumps(truth, indent=1))
+        flats = np.stack([np.stack([self.flatfield(ch, z) for z in range(1, spec.z_planes + 1)])
+                          for ch in range(1, spec.channels + 1)])
+        darks = np.stack([np.stack([self.darkfield(ch, z) for z in range(1, spec.z_planes + 1)])
+                          for ch in range(1, spec.channels + 1)])
+        write_tiff(folder / "flatfield.tif", flats, photometric="minisblack")
+        write_tiff(folder / "darkfield.tif", darks, photometric="minisblack")
+
+
+def load_truth(raw_dir: str | Path) -> tuple[SynthDataset, dict]:
+    """Rebuild the SynthDataset of a written dataset from its truth.json."""
+    truth = json.loads((Path(raw_dir) / "truth" / "truth.json").read_text())
+    spec = dict(truth["spec"])
+    spec["tile"] = tuple(spec["tile"])
+    spec["blank_tiles"] = tuple(spec["blank_tiles"])
+    spec["markers"] = tuple(spec["markers"])
+    return SynthDataset(SynthSpec(**spec)), truth

@@ -1,0 +1,104 @@
+"""The one seam between NumPy/SciPy and CuPy/cupyx.
+
+Every algorithm takes arrays and asks this module for the matching namespaces, so
+the same code runs on NumPy in CI and on CuPy on a GPU. No other module imports
+cupy. cupyx submodules are imported lazily: some fail to import without a GPU
+(missing libcublasLt), and a CPU run must never touch them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+BACKENDS = ("numpy", "cupy")
+
+
+def _cupy() -> ModuleType | None:
+    try:
+        return importlib.import_module("cupy")
+    except Exception:
+        return None
+
+
+def cupy_available() -> bool:
+    """True when CuPy imports and a CUDA device answers."""
+    cp = _cupy()
+    if cp is None:
+        return False
+    try:
+        return bool(cp.is_available())
+    except Exception:
+        return False
+
+
+def get_xp(name: str) -> ModuleType:
+    """Array module by backend name ('numpy' or 'cupy')."""
+    if name == "numpy":
+        return np
+    if name == "cupy":
+        cp = _cupy()
+        if cp is None:
+            raise RuntimeError("backend 'cupy' requested but CuPy is not installed (pip install .[gpu])")
+        return cp
+    raise ValueError(f"unknown array backend {name!r}; expected one of {BACKENDS}")
+
+
+def backend_for_device(device: str) -> str:
+    """config compute.device -> array backend name."""
+    return {"gpu": "cupy", "cpu": "numpy"}[device]
+
+
+def array_module(*arrays: Any) -> ModuleType:
+    """NumPy or CuPy, whichever holds the arrays."""
+    for a in arrays:
+        mod = type(a).__module__
+        if mod.startswith("cupy"):
+            return _cupy()
+    return np
+
+
+def is_cupy(xp: ModuleType) -> bool:
+    return xp.__name__.startswith("cupy")
+
+
+def to_device(a: Any, xp: ModuleType) -> Any:
+    """Move a host array to the backend of ``xp`` (no copy for NumPy)."""
+    return xp.asarray(a)
+
+
+def to_host(a: Any) -> np.ndarray:
+    """A NumPy array, copying back from the GPU where needed."""
+    if type(a).__module__.startswith("cupy"):
+        return a.get()
+    return np.asarray(a)
+
+
+def fft(xp: ModuleType) -> ModuleType:
+    """``scipy.fft`` or ``cupyx.scipy.fft`` (both have dctn/idctn with norm='ortho')."""
+    if is_cupy(xp):
+        return importlib.import_module("cupyx.scipy.fft")
+    return importlib.import_module("scipy.fft")
+
+
+def ndimage(xp: ModuleType) -> ModuleType:
+    """``scipy.ndimage`` or ``cupyx.scipy.ndimage``."""
+    if is_cupy(xp):
+        return importlib.import_module("cupyx.scipy.ndimage")
+    return importlib.import_module("scipy.ndimage")
+
+
+def fft_workers(xp: ModuleType, workers: int | None) -> dict:
+    """Keyword arguments for fft calls: scipy takes ``workers=``, cupyx does not."""
+    if is_cupy(xp) or not workers:
+        return {}
+    return {"workers": workers}
+
+
+def synchronize(xp: ModuleType) -> None:
+    """Wait for queued GPU work (for honest timings); no-op on NumPy."""
+    if is_cupy(xp):
+        xp.cuda.Stream.null.synchronize()
