@@ -45,6 +45,7 @@ class SynthSpec:
     read_noise: float = 3.0
     poisson: bool = True
     sparse_fraction: float = 0.08
+    tissue_fraction: float = 0.8
     blank_tiles: tuple[int, ...] = ()
     pixel_size_um: float = 0.377
     z_step_um: float = 1.5
@@ -96,15 +97,17 @@ class SynthDataset:
         self._nuclei_seed = int(rng.integers(2**31))
         self._marker_seeds = rng.integers(2**31, size=(spec.cycles, spec.channels))
         self._noise_seed = int(rng.integers(2**31))
+        self._tissue_seed = int(rng.integers(2**31))
         self.nuclei, self.nucleus_labels = self._make_nuclei()
         self.depth = self._make_depth()
         self.blank_mask = self._make_blank_mask()
+        self.tissue = self._make_tissue()
 
     # ------------------------------------------------------------------ specimen
     def _make_nuclei(self):
         rng = np.random.default_rng(self._nuclei_seed)
         shape = self.canvas_shape
-        n = max(8, shape[0] * shape[1] // 500)
+        n = max(8, shape[0] * shape[1] // 250)
         ys = rng.uniform(0, shape[0], n)
         xs = rng.uniform(0, shape[1], n)
         radius = rng.uniform(3.0, 6.0, n)
@@ -123,9 +126,11 @@ class SynthDataset:
             labels[y0:y1, x0:x1][take & (blob > 0.5 * amp[i])] = i + 1
         texture = ndimage.gaussian_filter(rng.standard_normal(shape).astype(np.float32), 0.8)
         texture /= texture.std()
-        tissue = ndimage.gaussian_filter(img, 6.0)
-        img = np.clip(img * (1.0 + 0.25 * texture) + 0.15 * tissue / max(tissue.max(), 1e-6)
-                      * (1.0 + 0.5 * texture), 0, None)
+        img = np.clip(img * (1.0 + 0.25 * texture), 0, None)
+        # tissue autofluorescence: covers the whole field, smooth with pixel-level texture
+        smooth = ndimage.gaussian_filter(rng.standard_normal(shape).astype(np.float32), 25.0)
+        smooth = (smooth - smooth.min()) / max(float(np.ptp(smooth)), 1e-6)
+        self.autofluorescence = (0.06 + 0.10 * smooth) * (1.0 + 0.3 * np.clip(texture, -3, 3))
         return img.astype(np.float32), labels
 
     def _make_depth(self):
@@ -137,6 +142,16 @@ class SynthDataset:
         span = max(0.0, (nz - 3) / 2.0)  # keep a plane on either side of focus
         d = centre + span * (0.6 * (v - 0.5) * 2 * 0.8 + 0.4 * np.sin(2 * np.pi * (u + 0.3 * v)))
         return np.clip(d, 1.0 if nz >= 3 else 0.0, max(nz - 2.0, 0.0)).astype(np.float32)
+
+    def _make_tissue(self):
+        """Soft mask of the tissue section: ~80 % of the field, bare slide elsewhere."""
+        if self.spec.tissue_fraction >= 1:
+            return np.ones(self.canvas_shape, np.float32)
+        rng = np.random.default_rng(self._tissue_seed)
+        field = ndimage.gaussian_filter(rng.standard_normal(self.canvas_shape).astype(np.float32),
+                                        max(self.canvas_shape) / 12)
+        cut = np.quantile(field, 1 - self.spec.tissue_fraction)
+        return np.clip((field - cut) / (0.05 * float(np.ptp(field))) + 0.5, 0, 1).astype(np.float32)
 
     def _make_blank_mask(self):
         mask = np.zeros(self.canvas_shape, bool)
@@ -166,7 +181,8 @@ class SynthDataset:
             grown = ndimage.grey_dilation(np.where(keep[lab], lab, 0), size=5)
             img = self.nuclei * np.where(grown > 0, gain[grown], 0.0).astype(np.float32)
             img = ndimage.gaussian_filter(img, 0.7)
-        img = np.where(self.blank_mask, 0.0, img).astype(np.float32)
+        img = img + self.autofluorescence * (1.0 if channel == 1 else 0.7)
+        img = np.where(self.blank_mask, 0.0, img * self.tissue).astype(np.float32)
         return self._frame(cycle, img)
 
     def _frame(self, cycle: int, canvas: np.ndarray) -> np.ndarray:
@@ -201,7 +217,8 @@ class SynthDataset:
         return 3000.0 / channel
 
     def background(self, channel: int) -> float:
-        return 60.0
+        """Signal on bare slide before shading: none; the camera offset is the darkfield."""
+        return 0.0
 
     def flatfield(self, channel: int, z: int) -> np.ndarray:
         """Smooth flatfield of (channel, z), mean 1 (channel and z from 1)."""
