@@ -91,5 +91,6 @@ def test_correct_does_not_clip_and_uint16_saturates(xp):
     out = basic.correct(tile, flat, dark)
     assert out.dtype == np.float32
     assert np.allclose(xpmod.to_host(out), [[160, 119960], [-10, 131030]])  # no clipping to [0, 1]
-    u16, n_sat = basic.to_uint16(out)
-    assert xpmod.to_host(u16).tolist() == [[160, 65535], [0, 65535]] and n_sat == 3  # saturates, never wraps
+    u16, below, above = basic.to_uint16(out)
+    assert xpmod.to_host(u16).tolist() == [[160, 65535], [0, 65535]]  # saturates, never wraps
+    assert (below, above) == (1, 2)

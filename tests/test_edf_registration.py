@@ -38,17 +38,17 @@ def test_quality_gate_drops_bad_planes_and_fails_below_three():
     stack = rng.integers(100, 1000, (5, 64, 64)).astype(np.uint16)
     stack[0, :20] = 0          # 31 % zeros
     stack[4, :10] = 65535      # 16 % saturated
-    kept, dropped = edf.quality_gate(stack, 65535)
+    kept, dropped = edf.quality_gate(edf.plane_stats(stack, 65535))
     assert kept == [1, 2, 3] and set(dropped) == {0, 4}
     stack[2, :30] = 0
     with pytest.raises(edf.EDFError, match="only 2 of 5 z-planes usable.*Z001.*zero.*Z003.*Z005: 16% saturated"):
-        edf.quality_gate(stack, 65535)
+        edf.quality_gate(edf.plane_stats(stack, 65535))
 
 
 def test_edf_uses_only_kept_planes(synth, xp):
     stack = synth.stack(1, 1) + 0.1   # recorded data sits on an offset: never exactly zero
     stack[3] = 0.0  # a dead plane: dropped by the gate, never chosen
-    kept, _ = edf.quality_gate(stack, None)
+    kept, _ = edf.quality_gate(edf.plane_stats(stack, None))
     assert 3 not in kept
     res = edf.extended_depth_of_field(xpmod.to_device(stack, xp), kept=kept)
     assert _corr(xpmod.to_host(res.image), synth.specimen(1, 1)) > 0.98

@@ -264,9 +264,12 @@ def correct(tile, flatfield, darkfield):
     return (tile.astype(xp.float32) - darkfield) / flatfield
 
 
-def to_uint16(img) -> tuple[object, int]:
-    """Round to uint16, saturating (never wrapping); returns (array, saturated pixel count)."""
+def to_uint16(img) -> tuple[object, int, int]:
+    """Round to uint16, saturating (never wrapping).
+
+    Returns (array, pixels below 0 set to 0, pixels above 65535 set to 65535).
+    """
     xp = xpmod.array_module(img)
     r = xp.rint(img)
-    saturated = int(((r < 0) | (r > 65535)).sum())
-    return xp.clip(r, 0, 65535).astype(xp.uint16), saturated
+    below, above = int((r < 0).sum()), int((r > 65535).sum())
+    return xp.clip(r, 0, 65535).astype(xp.uint16), below, above

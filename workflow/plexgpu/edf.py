@@ -34,14 +34,19 @@ class EDFResult:
     dropped: dict[int, str]  # plane -> reason
 
 
-def quality_gate(stack, saturation_level: float | None, label: str = "") -> tuple[list[int], dict[int, str]]:
-    """Planes (0-based) that pass; ``stack`` is what the camera recorded (host or device)."""
-    xp = xpmod.array_module(stack)
-    kept, dropped = [], {}
+def plane_stats(stack, saturation_level: float | None) -> list[dict]:
+    """Zero and saturated fractions per plane of a recorded ZYX stack (host or device)."""
     n = stack.shape[1] * stack.shape[2]
-    for z in range(stack.shape[0]):
-        zeros = float((stack[z] == 0).sum()) / n
-        sat = float((stack[z] >= saturation_level).sum()) / n if saturation_level is not None else 0.0
+    return [{"zero_fraction": float((stack[z] == 0).sum()) / n,
+             "saturated_fraction": float((stack[z] >= saturation_level).sum()) / n if saturation_level else 0.0}
+            for z in range(stack.shape[0])]
+
+
+def quality_gate(stats: list[dict], label: str = "") -> tuple[list[int], dict[int, str]]:
+    """Planes (0-based) that pass, from what the camera recorded in each (``plane_stats``)."""
+    kept, dropped = [], {}
+    for z, st in enumerate(stats):
+        zeros, sat = st["zero_fraction"], st["saturated_fraction"]
         if zeros > MAX_ZERO_FRACTION:
             dropped[z] = f"{zeros:.0%} zero pixels"
         elif sat > MAX_SATURATED_FRACTION:
@@ -50,7 +55,7 @@ def quality_gate(stack, saturation_level: float | None, label: str = "") -> tupl
             kept.append(z)
     if len(kept) < MIN_PLANES:
         why = "; ".join(f"Z{z + 1:03d}: {r}" for z, r in dropped.items())
-        raise EDFError(f"{label}only {len(kept)} of {stack.shape[0]} z-planes usable (need {MIN_PLANES}): {why}")
+        raise EDFError(f"{label}only {len(kept)} of {len(stats)} z-planes usable (need {MIN_PLANES}): {why}")
     return kept, dropped
 
 

@@ -150,3 +150,64 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
             if len(shape) != 2:
                 raise RawDataError(f"cycle {c}: tiles must be 2-D (Y, X) images, found shape {shape}")
     return exp
+
+
+@dataclass(frozen=True)
+class CycleSpec:
+    """What a job needs to know about its cycle (JSON-able; passed to jobs as a param so
+    discovery runs once per workflow invocation, not once per job)."""
+
+    cycle: int
+    key: str
+    folder: str
+    region: int
+    rows: int
+    cols: int
+    order: str
+    overlap: float
+    z_planes: int
+    channels: tuple[int, ...]
+    markers: tuple[str, ...]
+    pixel_size_um: float
+    z_step_um: float
+    emission_nm: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CycleSpec":
+        d = dict(d)
+        for k in ("channels", "markers", "emission_nm"):
+            d[k] = tuple(d[k])
+        return cls(**d)
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        for k in ("channels", "markers", "emission_nm"):
+            d[k] = list(d[k])
+        return d
+
+    @property
+    def layout(self) -> list[tuple[int, int]]:
+        return grid_layout(self.rows, self.cols, self.order)
+
+    def tile_paths(self, channel: int, z: int) -> list[Path]:
+        from .io.raw import tile_filename
+
+        return [Path(self.folder) / tile_filename(self.region, t, z, channel)
+                for t in range(1, self.rows * self.cols + 1)]
+
+    def marker(self, channel: int) -> str:
+        return self.markers[self.channels.index(channel)]
+
+    def emission(self, channel: int) -> float:
+        return self.emission_nm[self.channels.index(channel)]
+
+
+def cycle_spec(exp: Experiment, cycle: int) -> CycleSpec:
+    return CycleSpec(
+        cycle=cycle, key=cycle_key(cycle), folder=str(exp.inventories[cycle].folder), region=exp.region,
+        rows=exp.rows, cols=exp.cols, order=exp.order, overlap=exp.overlap, z_planes=exp.z_planes,
+        channels=tuple(exp.channels), markers=tuple(exp.marker_names(cycle)),
+        pixel_size_um=exp.pixel_size_um, z_step_um=exp.z_step_um,
+        emission_nm=tuple(exp.emission_nm[ch] for ch in exp.channels))

@@ -1,0 +1,25 @@
+# plexgpu: raw CODEX cycles -> stitched, deconvolved, EDF, registered images, on GPUs.
+#
+#   snakemake registration --configfile config/config.yaml --profile profiles/slurm
+#   snakemake qc --configfile config/config.yaml          (CPU only, never holds a GPU)
+#
+# Targets go BEFORE --configfile: --configfile takes several values.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+include: "rules/common.smk"
+
+
+rule all:
+    input:
+        REGISTRATION_OUTPUTS,
+        QC_INDEX,
+    default_target: True
+
+
+include: "rules/cycle.smk"
+include: "rules/registration.smk"
+include: "rules/qc.smk"

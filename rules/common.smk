@@ -1,0 +1,65 @@
+# Config validation (the one schema), raw discovery (once per invocation), path helpers
+# and input functions shared by all rules.
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))  # the library, installed or not
+
+from snakemake.exceptions import WorkflowError
+
+from plexgpu.config import ConfigError, validate_config
+from plexgpu.experiment import cycle_spec, resolve_experiment
+from plexgpu.io.raw import RawDataError
+
+if not config:
+    raise WorkflowError(
+        "plexgpu: no config given; run e.g. `snakemake registration --configfile config/config.yaml`"
+    )
+try:
+    validate_config(config)  # snakemake.utils.validate against config/schema/config.schema.yaml
+    EXPERIMENT = resolve_experiment(config)
+except (ConfigError, RawDataError) as exc:
+    raise WorkflowError(f"plexgpu: {exc}")
+
+R = str(EXPERIMENT.results_dir)
+CYCLES = EXPERIMENT.cycle_keys
+CHANNELS = EXPERIMENT.channels
+SPECS = {cycle_spec(EXPERIMENT, c).key: cycle_spec(EXPERIMENT, c).as_dict() for c in EXPERIMENT.cycles}
+DEVICE = config["compute"]["device"]
+
+
+wildcard_constraints:
+    cycle=r"cyc\d{3}",
+
+
+def per_channel(pattern):
+    """Paths of one file per channel; ``pattern`` keeps {cycle} as a wildcard."""
+    return expand(pattern, ch=CHANNELS, allow_missing=True)
+
+
+def raw_tiles(wildcards):
+    spec = SPECS[wildcards.cycle]
+    return [
+        str(p)
+        for ch in CHANNELS
+        for z in range(1, EXPERIMENT.z_planes + 1)
+        for p in EXPERIMENT.tile_paths(spec["cycle"], ch, z)
+    ]
+
+
+def res(rule_name, key):
+    """A rule's resource from config key resources.<rule>.<key> (defaults in the schema)."""
+    return config["resources"][rule_name][key]
+
+
+STITCHED = R + "/stitched/{cycle}/CH{ch}.ome.tif"
+PROFILES = R + "/basic/{cycle}/CH{ch}.profiles.tif"
+DECONVOLVED = R + "/deconvolved/{cycle}/CH{ch}.ome.tif"
+EDF = R + "/edf/{cycle}/CH{ch}.ome.tif"
+FOCUS = R + "/edf/{cycle}/CH{ch}.focus.tif"
+REGISTERED = R + "/registered/{cycle}/CH{ch}.ome.tif"
+SHIFTS = R + "/registered/shifts.csv"
+PLEX = R + "/registered/plex.ome.tif"
+REGISTRATION_OUTPUTS = [SHIFTS, PLEX] + expand(REGISTERED, cycle=CYCLES, ch=CHANNELS)
+QC_INDEX = R + "/qc/index.html"

@@ -1,0 +1,69 @@
+# Per cycle, one GPU job each: stitch -> deconvolve -> edf.
+
+
+rule stitch:
+    input:
+        raw_tiles,
+    output:
+        stitched=per_channel(STITCHED),
+        profiles=per_channel(PROFILES),
+        positions=R + "/stitched/{cycle}/positions.csv",
+        pairs=R + "/stitched/{cycle}/pairs.csv",
+        planes=R + "/stitched/{cycle}/planes.json",
+    params:
+        spec=lambda wc: SPECS[wc.cycle],
+        basic=config["basic"],
+        stitch=config["stitch"],
+        device=DEVICE,
+    threads: res("stitch", "cpus_per_task")
+    resources:
+        cpus_per_task=res("stitch", "cpus_per_task"),
+        mem_mb=res("stitch", "mem_mb"),
+        runtime=res("stitch", "runtime"),
+    log:
+        R + "/logs/stitch/{cycle}.log",
+    script:
+        "../scripts/stitch.py"
+
+
+rule deconvolve:
+    input:
+        stitched=per_channel(STITCHED),
+    output:
+        deconvolved=per_channel(DECONVOLVED),
+    params:
+        spec=lambda wc: SPECS[wc.cycle],
+        optics=config["optics"],
+        deconvolution=config["deconvolution"],
+        device=DEVICE,
+    threads: res("deconvolve", "cpus_per_task")
+    resources:
+        cpus_per_task=res("deconvolve", "cpus_per_task"),
+        mem_mb=res("deconvolve", "mem_mb"),
+        runtime=res("deconvolve", "runtime"),
+    log:
+        R + "/logs/deconvolve/{cycle}.log",
+    script:
+        "../scripts/deconvolve.py"
+
+
+rule edf:
+    input:
+        deconvolved=per_channel(DECONVOLVED),
+        planes=R + "/stitched/{cycle}/planes.json",
+    output:
+        edf=per_channel(EDF),
+        focus=per_channel(FOCUS),
+    params:
+        spec=lambda wc: SPECS[wc.cycle],
+        edf=config["edf"],
+        device=DEVICE,
+    threads: res("edf", "cpus_per_task")
+    resources:
+        cpus_per_task=res("edf", "cpus_per_task"),
+        mem_mb=res("edf", "mem_mb"),
+        runtime=res("edf", "runtime"),
+    log:
+        R + "/logs/edf/{cycle}.log",
+    script:
+        "../scripts/edf.py"

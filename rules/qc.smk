@@ -1,0 +1,90 @@
+# QC: metrics and pictures per stage, apart from the image pipeline. CPU only: no GPU is
+# requested, and target `registration` never pulls these in.
+
+
+rule qc_stitch:
+    input:
+        profiles=per_channel(PROFILES),
+        pairs=R + "/stitched/{cycle}/pairs.csv",
+    output:
+        png=R + "/qc/stitch/{cycle}.png",
+        metrics=R + "/qc/stitch/{cycle}.json",
+    threads: res("qc", "cpus_per_task")
+    resources:
+        cpus_per_task=res("qc", "cpus_per_task"),
+        mem_mb=res("qc", "mem_mb"),
+        runtime=res("qc", "runtime"),
+    log:
+        R + "/logs/qc_stitch/{cycle}.log",
+    script:
+        "../scripts/qc_stitch.py"
+
+
+rule qc_decon:
+    input:
+        stitched=per_channel(STITCHED),
+        deconvolved=per_channel(DECONVOLVED),
+    output:
+        png=R + "/qc/deconvolve/{cycle}.png",
+        metrics=R + "/qc/deconvolve/{cycle}.json",
+    threads: res("qc", "cpus_per_task")
+    resources:
+        cpus_per_task=res("qc", "cpus_per_task"),
+        mem_mb=res("qc", "mem_mb"),
+        runtime=res("qc", "runtime"),
+    log:
+        R + "/logs/qc_decon/{cycle}.log",
+    script:
+        "../scripts/qc_decon.py"
+
+
+rule qc_edf:
+    input:
+        edf=per_channel(EDF),
+        focus=per_channel(FOCUS),
+    output:
+        png=R + "/qc/edf/{cycle}.png",
+        metrics=R + "/qc/edf/{cycle}.json",
+    threads: res("qc", "cpus_per_task")
+    resources:
+        cpus_per_task=res("qc", "cpus_per_task"),
+        mem_mb=res("qc", "mem_mb"),
+        runtime=res("qc", "runtime"),
+    log:
+        R + "/logs/qc_edf/{cycle}.log",
+    script:
+        "../scripts/qc_edf.py"
+
+
+rule qc_registration:
+    input:
+        shifts=SHIFTS,
+        reference=expand(REGISTERED, cycle=CYCLES, ch=config["registration"]["reference_channel"]),
+    output:
+        png=R + "/qc/registration.png",
+        metrics=R + "/qc/registration.json",
+    threads: res("qc", "cpus_per_task")
+    resources:
+        cpus_per_task=res("qc", "cpus_per_task"),
+        mem_mb=res("qc", "mem_mb"),
+        runtime=res("qc", "runtime"),
+    log:
+        R + "/logs/qc_registration/qc_registration.log",
+    script:
+        "../scripts/qc_registration.py"
+
+
+rule qc:
+    input:
+        stitch=expand(R + "/qc/stitch/{cycle}.json", cycle=CYCLES),
+        decon=expand(R + "/qc/deconvolve/{cycle}.json", cycle=CYCLES),
+        edf=expand(R + "/qc/edf/{cycle}.json", cycle=CYCLES),
+        registration=R + "/qc/registration.json",
+    output:
+        html=QC_INDEX,
+        metrics=R + "/qc/metrics.json",
+    localrule: True
+    log:
+        R + "/logs/qc/qc.log",
+    script:
+        "../scripts/qc_index.py"

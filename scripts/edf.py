@@ -1,0 +1,14 @@
+"""Snakemake wrapper of rule edf: read snakemake.*, call the library."""
+
+from plexgpu import stages
+from plexgpu.experiment import CycleSpec
+from plexgpu.job import job_context
+
+sm = snakemake  # noqa: F821 (provided by Snakemake)
+spec = CycleSpec.from_dict(sm.params.spec)
+with job_context("edf", sm.log[0], sm.resources, sm.params.device) as ctx:
+    stages.extended_depth(ctx, spec, sm.params.edf,
+                          dict(zip(spec.channels, sm.input.deconvolved)),
+                          sm.input.planes,
+                          dict(zip(spec.channels, sm.output.edf)),
+                          dict(zip(spec.channels, sm.output.focus)))

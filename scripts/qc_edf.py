@@ -1,0 +1,8 @@
+"""Snakemake wrapper of rule qc_edf (CPU): read snakemake.*, call the library."""
+
+from plexgpu import qc
+from plexgpu.job import job_context
+
+sm = snakemake  # noqa: F821
+with job_context("qc_edf", sm.log[0], sm.resources, "cpu"):
+    qc.qc_edf(sm.wildcards.cycle, list(sm.input.edf), list(sm.input.focus), sm.output.png, sm.output.metrics)

@@ -1,0 +1,7 @@
+"""Snakemake wrapper of rule qc: collect the stage QC into qc/index.html and qc/metrics.json."""
+
+from plexgpu import qc
+
+sm = snakemake  # noqa: F821
+qc.write_index(sm.output.html, sm.output.metrics, list(sm.input.stitch), list(sm.input.decon), list(sm.input.edf),
+               sm.input.registration)

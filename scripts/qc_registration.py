@@ -1,0 +1,8 @@
+"""Snakemake wrapper of rule qc_registration (CPU): read snakemake.*, call the library."""
+
+from plexgpu import qc
+from plexgpu.job import job_context
+
+sm = snakemake  # noqa: F821
+with job_context("qc_registration", sm.log[0], sm.resources, "cpu"):
+    qc.qc_registration(sm.input.shifts, list(sm.input.reference), sm.output.png, sm.output.metrics)

@@ -1,0 +1,16 @@
+"""Snakemake wrapper of rule stitch: read snakemake.*, call the library."""
+
+from plexgpu import stages
+from plexgpu.experiment import CycleSpec
+from plexgpu.job import job_context
+
+sm = snakemake  # noqa: F821 (provided by Snakemake)
+spec = CycleSpec.from_dict(sm.params.spec)
+with job_context("stitch", sm.log[0], sm.resources, sm.params.device) as ctx:
+    stages.stitch(ctx, spec, sm.params.basic, sm.params.stitch, {
+        "stitched": dict(zip(spec.channels, sm.output.stitched)),
+        "profiles": dict(zip(spec.channels, sm.output.profiles)),
+        "positions": sm.output.positions,
+        "pairs": sm.output.pairs,
+        "planes": sm.output.planes,
+    })

@@ -1,0 +1,89 @@
+"""What every workflow job sets up before its stage runs: a log file, the worker pool
+sized from ``cpus_per_task`` (never a hard-coded number), the array backend from
+``compute.device`` with the GPU guard first when that is ``gpu``, and progress bars."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from . import xp as xpmod
+
+log = logging.getLogger("plexgpu")
+
+
+@dataclass
+class JobContext:
+    rule: str
+    workers: int
+    device: str
+    xp: ModuleType
+    pool: ThreadPoolExecutor
+    device_facts: dict | None = None
+    started: float = field(default_factory=time.time)
+
+    def progress(self, description: str, total: int):
+        """A rich progress bar in the job's log; returns an ``advance()`` callable."""
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(file=sys.stderr, width=100)
+        bar = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=console, transient=False)
+        task = bar.add_task(description, total=total)
+        bar.start()
+
+        def advance(n: int = 1):
+            bar.advance(task, n)
+            if bar.tasks[0].completed >= total:
+                bar.stop()
+        return advance
+
+
+def workers_from_resources(resources) -> int:
+    """The worker pool size: the job's ``cpus_per_task``."""
+    value = getattr(resources, "cpus_per_task", None)
+    if value is None and isinstance(resources, dict):
+        value = resources.get("cpus_per_task")
+    if value is None:
+        raise ValueError("the job has no cpus_per_task resource; every plexgpu rule sets one")
+    return max(1, int(value))
+
+
+@contextmanager
+def job_context(rule: str, log_path: str | None, resources, device: str):
+    """Set up logging, the GPU guard (device gpu) and the worker pool for one job."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_path:
+        handlers = [logging.FileHandler(log_path, mode="a")]
+        sys.stderr = open(log_path, "a", buffering=1)  # progress bars and tracebacks land in the log too
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    workers = workers_from_resources(resources)
+    facts = None
+    if device == "gpu":
+        from .gpu import GPUUnavailable, require_gpu
+
+        try:
+            facts = require_gpu().as_dict()
+        except GPUUnavailable as exc:
+            log.error("%s: %s", rule, exc)
+            raise SystemExit(f"{rule}: {exc}") from None
+        log.info("GPU: %s (%s MiB), CUDA_VISIBLE_DEVICES=%s", facts["name"],
+                 facts["total_memory_bytes"] // 2**20, facts["cuda_visible_devices"])
+    xp = xpmod.get_xp(xpmod.backend_for_device(device))
+    log.info("%s: worker pool = %d (cpus_per_task = %d), compute.device = %s, backend = %s",
+             rule, workers, workers, device, xp.__name__)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        ctx = JobContext(rule=rule, workers=workers, device=device, xp=xp, pool=pool, device_facts=facts)
+        try:
+            yield ctx
+        except Exception:
+            log.exception("%s failed after %.1f s", rule, time.time() - ctx.started)
+            raise
+        log.info("%s finished in %.1f s", rule, time.time() - ctx.started)

@@ -1,0 +1,225 @@
+"""The four image stages of a workflow job, from files to files: stitch, deconvolve,
+edf (per cycle) and registration (all cycles). Each reads its inputs, runs the
+algorithms on the job's backend (NumPy or CuPy) and writes every output atomically.
+Memory is bounded by one channel's z-stack mosaic: channels are streamed."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import basic, deconvolution, edf, psf, registration, stitching
+from . import xp as xpmod
+from .experiment import CycleSpec
+from .io.raw import RawDataError
+from .io.tiff import read_tiff, write_ome, write_pyramidal_ome, write_text_atomic, write_tiff
+from .job import JobContext
+
+log = logging.getLogger("plexgpu")
+
+
+def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[np.ndarray]:
+    paths = spec.tile_paths(channel, z)
+    tiles = list(ctx.pool.map(read_tiff, paths))
+    first = tiles[0]
+    for path, t in zip(paths, tiles):
+        if t.shape != first.shape or t.dtype != first.dtype or t.ndim != 2:
+            raise RawDataError(f"{path}: shape {t.shape} {t.dtype} differs from {paths[0].name} "
+                               f"{first.shape} {first.dtype}; one 2-D shape and dtype per cycle")
+    return tiles
+
+
+# ----------------------------------------------------------------------------- stitch
+def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, out: dict) -> dict:
+    """BaSiC per (channel, z) in one batched fit, one stitching model, blended mosaics.
+
+    ``out``: {"profiles": {ch: path}, "stitched": {ch: path}, "positions": path, "pairs": path}
+    """
+    xp = ctx.xp
+    params = basic.BasicParams.from_config(basic_cfg)
+    ref_ch = stitch_cfg["reference_channel"]
+    ref_z = (spec.z_planes + 1) // 2
+    planes = [(ch, z) for ch in spec.channels for z in range(1, spec.z_planes + 1)]
+    t0 = time.perf_counter()
+    advance = ctx.progress(f"{spec.key} read + resize {len(planes)} planes", len(planes))
+    small, ref_tiles, tile_shape = [], None, None
+    for ch, z in planes:
+        tiles = _read_plane(ctx, spec, ch, z)
+        tile_shape = tile_shape or tiles[0].shape
+        if tiles[0].shape != tile_shape:
+            raise RawDataError(f"{spec.tile_paths(ch, z)[0]}: shape {tiles[0].shape} differs from {tile_shape} "
+                               f"of CH{planes[0][0]} Z{planes[0][1]:03d}; one shape per cycle")
+        dev = xp.stack([xpmod.to_device(t, xp) for t in tiles])
+        small.append(basic.downsample(dev, params.working_size))
+        if (ch, z) == (ref_ch, ref_z):
+            ref_tiles = tiles
+        advance()
+    t_read = time.perf_counter() - t0
+    fit = basic.fit_batch(xp.stack(small), params)
+    xpmod.synchronize(xp)
+    t_fit = time.perf_counter() - t0 - t_read
+    log.info("BaSiC: %d planes (channels x z) fitted in one batch in %.2f s; ADMM iterations per plane %d-%d",
+             len(planes), t_fit, int(fit.iterations.min()), int(fit.iterations.max()))
+    index = {p: i for i, p in enumerate(planes)}
+
+    def profiles(ch, z):
+        i = index[(ch, z)]
+        return basic.upsample(fit.flatfield[i], tile_shape), basic.upsample(fit.darkfield[i], tile_shape)
+
+    flat, dark = profiles(ref_ch, ref_z)
+    corrected = [basic.correct(xpmod.to_device(t, xp), flat, dark) for t in ref_tiles]
+    model = stitching.compute_model(corrected, spec.layout, spec.overlap, stitch_cfg.get("max_shift_px"))
+    n_ok = sum(p.accepted for p in model.pairs)
+    log.info("stitching model from CH%d Z%03d: %d of %d pairs accepted (threshold %.1f), mosaic %s",
+             ref_ch, ref_z, n_ok, len(model.pairs), model.threshold, model.mosaic_shape)
+    for p in model.pairs:
+        if not p.accepted:
+            log.info("  pair %d-%d rejected: %s", p.a + 1, p.b + 1, p.reason)
+    saturated: dict = {}
+    write_text_atomic(out["positions"], model.positions_csv())
+    write_text_atomic(out["pairs"], model.pairs_csv())
+    recorded: dict = {}
+    advance = ctx.progress(f"{spec.key} correct + blend", len(planes))
+    for ch in spec.channels:
+        mosaic = np.empty((spec.z_planes,) + model.mosaic_shape, np.uint16)
+        prof = np.empty((spec.z_planes, 2) + tuple(tile_shape), np.float32)
+        below = above = 0
+        for z in range(1, spec.z_planes + 1):
+            flat, dark = profiles(ch, z)
+            tiles = _read_plane(ctx, spec, ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
+            recorded.setdefault(str(ch), {})[str(z)] = raw_plane_stats(tiles)
+            plane = stitching.blend([basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles], model)
+            u16, lo, hi = basic.to_uint16(plane)
+            below, above = below + lo, above + hi
+            mosaic[z - 1] = xpmod.to_host(u16)
+            prof[z - 1, 0], prof[z - 1, 1] = xpmod.to_host(flat), xpmod.to_host(dark)
+            advance()
+        saturated[ch] = above
+        log.info("CH%d: %d pixels above 65535 saturated, %d below 0 after dark subtraction set to 0 "
+                 "(of %d)", ch, above, below, mosaic.size)
+        write_ome(out["stitched"][ch], mosaic, "ZYX", spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)])
+        write_ome(out["profiles"][ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"])
+    write_text_atomic(out["planes"], json.dumps({"recorded": recorded, "saturated_after_correction": saturated},
+                                                 indent=1))
+    return {"planes": len(planes), "fit_s": t_fit, "read_s": t_read, "pairs_accepted": n_ok,
+            "pairs": len(model.pairs), "saturated": saturated}
+
+
+def raw_plane_stats(tiles: list[np.ndarray]) -> dict:
+    """What the camera recorded in one plane: fraction of zero and of saturated pixels."""
+    n = sum(t.size for t in tiles)
+    top = np.iinfo(tiles[0].dtype).max if tiles[0].dtype.kind == "u" else np.inf
+    zeros = sum(int(np.count_nonzero(t == 0)) for t in tiles)
+    sat = sum(int(np.count_nonzero(t >= top)) for t in tiles)
+    return {"zero_fraction": zeros / n, "saturated_fraction": sat / n}
+
+
+# ----------------------------------------------------------------------------- deconvolve
+def optics_for(spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, channel: int) -> psf.Optics:
+    return psf.Optics(pixel_size_um=spec.pixel_size_um, z_step_um=spec.z_step_um, na=optics_cfg["na"],
+                      immersion_index=optics_cfg["immersion_index"], sample_index=optics_cfg["sample_index"],
+                      emission_nm=spec.emission(channel), model=decon_cfg["psf_model"],
+                      depth_um=(spec.z_planes - 1) * spec.z_step_um / 2)
+
+
+def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, inputs: dict, out: dict):
+    """Richardson-Lucy per channel with a PSF from the optics; float32, flux kept."""
+    for ch in spec.channels:
+        stack = read_tiff(inputs[ch]).astype(np.float32)
+        if stack.ndim == 2:
+            stack = stack[None]
+        o = optics_for(spec, optics_cfg, decon_cfg, ch)
+        hz, hxy = psf.default_half_size(o, stack.shape[0])
+        kernel = psf.psf(o, hz, hxy)
+        chunk = decon_cfg["chunk_px"]
+        n_chunks = -(-stack.shape[1] // chunk) * -(-stack.shape[2] // chunk)
+        advance = ctx.progress(f"{spec.key} CH{ch} RL x{decon_cfg['iterations']}", n_chunks)
+        t0 = time.perf_counter()
+        result = deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp,
+                                          workers=ctx.workers, progress=lambda d, t: advance())
+        log.info("CH%d: PSF %s (%s, %.0f nm), %d iterations in %.1f s, flux ratio %.4f", ch, kernel.shape,
+                 o.model, o.emission_nm, decon_cfg["iterations"], time.perf_counter() - t0,
+                 float(result.sum(dtype=np.float64) / max(stack.sum(dtype=np.float64), 1e-12)))
+        write_ome(out[ch], result, "ZYX", spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)])
+
+
+# ----------------------------------------------------------------------------- edf
+def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, deconvolved: dict, planes_json: str,
+                   out: dict, focus_out: dict):
+    """EDF per channel; the quality gate judges what the camera recorded in each plane."""
+    recorded = json.loads(Path(planes_json).read_text())["recorded"]
+    for ch in spec.channels:
+        stats = [recorded[str(ch)][str(z)] for z in range(1, spec.z_planes + 1)]
+        kept, dropped = edf.quality_gate(stats, label=f"{spec.key} CH{ch}: ")
+        for z, why in dropped.items():
+            log.warning("CH%d: z-plane %d dropped from EDF: %s", ch, z + 1, why)
+        stack = read_tiff(deconvolved[ch])
+        stack = stack[None] if stack.ndim == 2 else stack
+        res = edf.extended_depth_of_field(xpmod.to_device(stack.astype(np.float32), ctx.xp),
+                                          edf_cfg["radius"], edf_cfg["sigma"], kept)
+        write_ome(out[ch], xpmod.to_host(res.image), "YX", spec.pixel_size_um, None, [spec.marker(ch)])
+        write_ome(focus_out[ch], xpmod.to_host(res.focus_index), "YX", spec.pixel_size_um, None,
+                  ["focus index"])
+        log.info("CH%d: EDF from %d of %d planes", ch, len(kept), stack.shape[0])
+
+
+# ----------------------------------------------------------------------------- registration
+def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dict, out: dict) -> list:
+    """Align every cycle's EDF to the reference cycle; write registered channels, shifts, plex.
+
+    ``inputs``: {cycle_key: {ch: path}}; ``out``: {"registered": {cycle_key: {ch: path}},
+    "shifts": path, "plex": path}.
+    """
+    xp = ctx.xp
+    by_key = {s.key: s for s in specs}
+    ref_cycle = reg_cfg.get("reference_cycle") or specs[0].cycle
+    ref_key = f"cyc{ref_cycle:03d}"
+    ref_ch = reg_cfg["reference_channel"]
+    reference = xpmod.to_device(read_tiff(inputs[ref_key][ref_ch]).astype(np.float32), xp)
+    shape = tuple(reference.shape)
+    shifts, names, planes = [], [], []
+    advance = ctx.progress("register cycles", len(specs))
+    for spec in specs:
+        moving = xpmod.to_device(read_tiff(inputs[spec.key][ref_ch]).astype(np.float32), xp)
+        if spec.key == ref_key:
+            s = registration.Shift(spec.key, 0.0, 0.0, float("inf"), 0.0)
+        else:
+            s = registration.measure_shift(reference, moving, spec.key)
+        shifts.append(s)
+        log.info("%s: shift (%.2f, %.2f) px, significance %.1f (threshold %.1f)", spec.key, s.dy, s.dx,
+                 s.significance, s.threshold)
+        for ch in spec.channels:
+            img = moving if ch == ref_ch else xpmod.to_device(read_tiff(inputs[spec.key][ch]).astype(np.float32), xp)
+            reg = xpmod.to_host(registration.apply_shift(img, s, shape))
+            write_ome(out["registered"][spec.key][ch], reg, "YX", spec.pixel_size_um, None, [spec.marker(ch)])
+            planes.append(reg)
+            names.append(spec.marker(ch))
+        advance()
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["cycle", "dy_px", "dx_px", "score"])
+    for s in shifts:
+        w.writerow([s.cycle, f"{s.dy:.3f}", f"{s.dx:.3f}", "reference" if s.cycle == ref_key else f"{s.significance:.2f}"])
+    write_text_atomic(out["shifts"], buf.getvalue())
+    levels = write_pyramidal_ome(out["plex"], np.stack(planes), names, by_key[ref_key].pixel_size_um)
+    log.info("plex.ome.tif: %d channels, %d pyramid levels", len(planes), levels)
+    return shifts
+
+
+def summary_json(path: str | Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=1, default=str))
+
+
+def by_cycle_and_channel(specs: list[CycleSpec], paths: list[str]) -> dict:
+    """{cycle_key: {channel: path}} from a cycle-major, channel-minor list of paths."""
+    it = iter(paths)
+    out = {s.key: {ch: next(it) for ch in s.channels} for s in specs}
+    if next(it, None) is not None:
+        raise ValueError("more paths than cycles x channels")
+    return out
