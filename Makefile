@@ -18,9 +18,17 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	@test -f demo/raw/experiment.json || $(BIN)/plexgpu synth demo/raw --cycles 3 --grid 3x3 --tile 256x256 --z 5 --channels 2 --seed 0
+	@test -f demo/raw/experiment.json || $(BIN)/plexgpu synth demo/raw --cycles 3 --grid 6x6 --tile 192x192 --z 5 --channels 2 --seed 0
 	$(BIN)/plexgpu validate --configfile config/demo.yaml
-	@echo "demo data: demo/raw (ground truth in demo/raw/truth/)"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake registration --configfile config/demo.yaml --profile profiles/local
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake qc --configfile config/demo.yaml --profile profiles/local
+	@echo
+	@echo "plexgpu demo finished:"
+	@echo "  raw data (synthetic, truth in demo/raw/truth/):  demo/raw"
+	@echo "  registered multiplex image:                       demo/results/registered/plex.ome.tif"
+	@echo "  per cycle: demo/results/{stitched,deconvolved,edf,registered}/cyc00N/"
+	@echo "  QC report:                                        demo/results/qc/index.html"
+	@echo "  logs:                                             demo/results/logs/"
 
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest

@@ -53,13 +53,13 @@ def res(rule_name, key):
     return config["resources"][rule_name][key]
 
 
-STITCHED = R + "/stitched/{cycle}/CH{ch}.ome.tif"
-PROFILES = R + "/basic/{cycle}/CH{ch}.profiles.tif"
-DECONVOLVED = R + "/deconvolved/{cycle}/CH{ch}.ome.tif"
-EDF = R + "/edf/{cycle}/CH{ch}.ome.tif"
-FOCUS = R + "/edf/{cycle}/CH{ch}.focus.tif"
-REGISTERED = R + "/registered/{cycle}/CH{ch}.ome.tif"
-SHIFTS = R + "/registered/shifts.csv"
-PLEX = R + "/registered/plex.ome.tif"
+STITCHED = f"{R}/stitched/{{cycle}}/CH{{ch}}.ome.tif"
+PROFILES = f"{R}/basic/{{cycle}}/CH{{ch}}.profiles.tif"
+DECONVOLVED = f"{R}/deconvolved/{{cycle}}/CH{{ch}}.ome.tif"
+EDF = f"{R}/edf/{{cycle}}/CH{{ch}}.ome.tif"
+FOCUS = f"{R}/edf/{{cycle}}/CH{{ch}}.focus.tif"
+REGISTERED = f"{R}/registered/{{cycle}}/CH{{ch}}.ome.tif"
+SHIFTS = f"{R}/registered/shifts.csv"
+PLEX = f"{R}/registered/plex.ome.tif"
 REGISTRATION_OUTPUTS = [SHIFTS, PLEX] + expand(REGISTERED, cycle=CYCLES, ch=CHANNELS)
-QC_INDEX = R + "/qc/index.html"
+QC_INDEX = f"{R}/qc/index.html"

@@ -7,9 +7,9 @@ rule stitch:
     output:
         stitched=per_channel(STITCHED),
         profiles=per_channel(PROFILES),
-        positions=R + "/stitched/{cycle}/positions.csv",
-        pairs=R + "/stitched/{cycle}/pairs.csv",
-        planes=R + "/stitched/{cycle}/planes.json",
+        positions=f"{R}/stitched/{{cycle}}/positions.csv",
+        pairs=f"{R}/stitched/{{cycle}}/pairs.csv",
+        planes=f"{R}/stitched/{{cycle}}/planes.json",
     params:
         spec=lambda wc: SPECS[wc.cycle],
         basic=config["basic"],
@@ -20,8 +20,10 @@ rule stitch:
         cpus_per_task=res("stitch", "cpus_per_task"),
         mem_mb=res("stitch", "mem_mb"),
         runtime=res("stitch", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/stitch/{cycle}.log",
+        f"{R}/logs/stitch/{{cycle}}.log",
     script:
         "../scripts/stitch.py"
 
@@ -41,8 +43,10 @@ rule deconvolve:
         cpus_per_task=res("deconvolve", "cpus_per_task"),
         mem_mb=res("deconvolve", "mem_mb"),
         runtime=res("deconvolve", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/deconvolve/{cycle}.log",
+        f"{R}/logs/deconvolve/{{cycle}}.log",
     script:
         "../scripts/deconvolve.py"
 
@@ -50,7 +54,7 @@ rule deconvolve:
 rule edf:
     input:
         deconvolved=per_channel(DECONVOLVED),
-        planes=R + "/stitched/{cycle}/planes.json",
+        planes=f"{R}/stitched/{{cycle}}/planes.json",
     output:
         edf=per_channel(EDF),
         focus=per_channel(FOCUS),
@@ -63,7 +67,9 @@ rule edf:
         cpus_per_task=res("edf", "cpus_per_task"),
         mem_mb=res("edf", "mem_mb"),
         runtime=res("edf", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/edf/{cycle}.log",
+        f"{R}/logs/edf/{{cycle}}.log",
     script:
         "../scripts/edf.py"

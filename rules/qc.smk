@@ -5,17 +5,19 @@
 rule qc_stitch:
     input:
         profiles=per_channel(PROFILES),
-        pairs=R + "/stitched/{cycle}/pairs.csv",
+        pairs=f"{R}/stitched/{{cycle}}/pairs.csv",
     output:
-        png=R + "/qc/stitch/{cycle}.png",
-        metrics=R + "/qc/stitch/{cycle}.json",
+        png=f"{R}/qc/stitch/{{cycle}}.png",
+        metrics=f"{R}/qc/stitch/{{cycle}}.json",
     threads: res("qc", "cpus_per_task")
     resources:
         cpus_per_task=res("qc", "cpus_per_task"),
         mem_mb=res("qc", "mem_mb"),
         runtime=res("qc", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/qc_stitch/{cycle}.log",
+        f"{R}/logs/qc_stitch/{{cycle}}.log",
     script:
         "../scripts/qc_stitch.py"
 
@@ -25,15 +27,17 @@ rule qc_decon:
         stitched=per_channel(STITCHED),
         deconvolved=per_channel(DECONVOLVED),
     output:
-        png=R + "/qc/deconvolve/{cycle}.png",
-        metrics=R + "/qc/deconvolve/{cycle}.json",
+        png=f"{R}/qc/deconvolve/{{cycle}}.png",
+        metrics=f"{R}/qc/deconvolve/{{cycle}}.json",
     threads: res("qc", "cpus_per_task")
     resources:
         cpus_per_task=res("qc", "cpus_per_task"),
         mem_mb=res("qc", "mem_mb"),
         runtime=res("qc", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/qc_decon/{cycle}.log",
+        f"{R}/logs/qc_decon/{{cycle}}.log",
     script:
         "../scripts/qc_decon.py"
 
@@ -43,15 +47,17 @@ rule qc_edf:
         edf=per_channel(EDF),
         focus=per_channel(FOCUS),
     output:
-        png=R + "/qc/edf/{cycle}.png",
-        metrics=R + "/qc/edf/{cycle}.json",
+        png=f"{R}/qc/edf/{{cycle}}.png",
+        metrics=f"{R}/qc/edf/{{cycle}}.json",
     threads: res("qc", "cpus_per_task")
     resources:
         cpus_per_task=res("qc", "cpus_per_task"),
         mem_mb=res("qc", "mem_mb"),
         runtime=res("qc", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/qc_edf/{cycle}.log",
+        f"{R}/logs/qc_edf/{{cycle}}.log",
     script:
         "../scripts/qc_edf.py"
 
@@ -61,30 +67,34 @@ rule qc_registration:
         shifts=SHIFTS,
         reference=expand(REGISTERED, cycle=CYCLES, ch=config["registration"]["reference_channel"]),
     output:
-        png=R + "/qc/registration.png",
-        metrics=R + "/qc/registration.json",
+        png=f"{R}/qc/registration.png",
+        metrics=f"{R}/qc/registration.json",
     threads: res("qc", "cpus_per_task")
     resources:
         cpus_per_task=res("qc", "cpus_per_task"),
         mem_mb=res("qc", "mem_mb"),
         runtime=res("qc", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/qc_registration/qc_registration.log",
+        f"{R}/logs/qc_registration/qc_registration.log",
     script:
         "../scripts/qc_registration.py"
 
 
 rule qc:
     input:
-        stitch=expand(R + "/qc/stitch/{cycle}.json", cycle=CYCLES),
-        decon=expand(R + "/qc/deconvolve/{cycle}.json", cycle=CYCLES),
-        edf=expand(R + "/qc/edf/{cycle}.json", cycle=CYCLES),
-        registration=R + "/qc/registration.json",
+        stitch=expand(f"{R}/qc/stitch/{{cycle}}.json", cycle=CYCLES),
+        decon=expand(f"{R}/qc/deconvolve/{{cycle}}.json", cycle=CYCLES),
+        edf=expand(f"{R}/qc/edf/{{cycle}}.json", cycle=CYCLES),
+        registration=f"{R}/qc/registration.json",
     output:
         html=QC_INDEX,
-        metrics=R + "/qc/metrics.json",
+        metrics=f"{R}/qc/metrics.json",
     localrule: True
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/qc/qc.log",
+        f"{R}/logs/qc/qc.log",
     script:
         "../scripts/qc_index.py"

@@ -17,7 +17,9 @@ rule registration:
         cpus_per_task=res("registration", "cpus_per_task"),
         mem_mb=res("registration", "mem_mb"),
         runtime=res("registration", "runtime"),
+    conda:
+        "../envs/plexgpu.yaml"
     log:
-        R + "/logs/registration/registration.log",
+        f"{R}/logs/registration/registration.log",
     script:
         "../scripts/registration.py"

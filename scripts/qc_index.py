@@ -1,5 +1,10 @@
 """Snakemake wrapper of rule qc: collect the stage QC into qc/index.html and qc/metrics.json."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "workflow"))  # noqa: F821 (the library)
+
 from plexgpu import qc
 
 sm = snakemake  # noqa: F821

@@ -1,5 +1,10 @@
 """Snakemake wrapper of rule qc_registration (CPU): read snakemake.*, call the library."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "workflow"))  # noqa: F821 (the library)
+
 from plexgpu import qc
 from plexgpu.job import job_context
 

@@ -53,9 +53,10 @@ def richardson_lucy(image, psf, iterations: int, workers: int | None = None):
     otf = _otf(xp, psf, fast)
     otf_conj = xp.conj(otf)
     estimate = xp.full(fast, float(work.mean()), xp.float32)
+    floor = max(EPS, 1e-6 * float(xp.abs(work).mean()))  # float32 FFT round-off must not explode a ratio
     for _ in range(iterations):
         blurred = fft.irfftn(fft.rfftn(estimate, **kw) * otf, s=fast, **kw)
-        ratio = work / xp.maximum(blurred, EPS)
+        ratio = work / xp.maximum(blurred, floor)
         estimate *= fft.irfftn(fft.rfftn(ratio, **kw) * otf_conj, s=fast, **kw)
     sl = tuple(slice(a, a + n) for (a, _), n in zip(pads, img.shape))
     return estimate[sl].astype(xp.float32)

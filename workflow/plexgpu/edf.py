@@ -86,7 +86,7 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     frac = xp.where((best == 0) | (best == nz - 1), 0, xp.clip(frac, -0.5, 0.5))
     index = best.astype(xp.float32) + frac.astype(xp.float32)
     if sigma > 0:
-        weight = f0 + 1e-6 * float(f0.mean() + 1e-12)
+        weight = f0 + max(1e-6 * float(f0.mean()), 1e-12)
         index = ndi.gaussian_filter(index * weight, sigma) / ndi.gaussian_filter(weight, sigma)
     index = xp.clip(index, 0, nz - 1)
     lo = xp.floor(index).astype(xp.int64)

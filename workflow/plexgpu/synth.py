@@ -6,8 +6,10 @@ tiles x z-planes x channels:
 * specimen: nuclei-like blobs with pixel-level texture; channel 1 is a nuclear
   stain present in every cycle, the other channels label a random subset of
   nuclei (sparse markers where ``sparse_fraction`` is small);
-* depth: an in-focus depth that varies smoothly across the field; a plane within
-  half a z-step of it is sharp, farther planes are blurred by defocus;
+* depth: the specimen is a thin sheet at an in-focus depth that varies smoothly
+  across the field; the z-stack is that sheet imaged through the widefield PSF of
+  the optics (``plexgpu.psf``, the same model deconvolution uses), so defocus blur
+  is physical;
 * acquisition: true stage positions = nominal grid + jitter; per-(channel, z)
   smooth flatfield and darkfield; Poisson + read noise; uint16.
 
@@ -21,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy import ndimage
+from scipy import ndimage, signal
 
+from . import psf as psfmod
 from .io.raw import grid_layout, tile_filename
 from .io.tiff import write_text_atomic, write_tiff
 
@@ -41,7 +44,9 @@ class SynthSpec:
     seed: int = 0
     jitter_px: int = 3
     cycle_shift_px: int = 8
-    blur_px_per_plane: float = 1.2
+    na: float = 0.75
+    immersion_index: float = 1.0
+    sample_index: float = 1.33
     read_noise: float = 3.0
     poisson: bool = True
     sparse_fraction: float = 0.08
@@ -80,6 +85,8 @@ class SynthDataset:
 
     def __init__(self, spec: SynthSpec):
         self.spec = spec
+        self._stacks: dict = {}
+        self._psfs: dict = {}
         rng = np.random.default_rng(spec.seed)
         fy, fx = spec.frame_shape
         s = spec.cycle_shift_px
@@ -194,27 +201,63 @@ class SynthDataset:
     def depth_map(self, cycle: int) -> np.ndarray:
         return self._frame(cycle, self.depth)
 
+    def optics(self, channel: int) -> psfmod.Optics:
+        from .experiment import DEFAULT_EMISSION_NM
+
+        sp = self.spec
+        return psfmod.Optics(pixel_size_um=sp.pixel_size_um, z_step_um=sp.z_step_um, na=sp.na,
+                             immersion_index=sp.immersion_index, sample_index=sp.sample_index,
+                             emission_nm=DEFAULT_EMISSION_NM.get(channel, 520.0))
+
+    def psf(self, channel: int) -> np.ndarray:
+        if channel not in self._psfs:
+            o = self.optics(channel)
+            self._psfs[channel] = psfmod.psf(o, *psfmod.default_half_size(o, self.spec.z_planes))
+        return self._psfs[channel]
+
+    def in_focus(self, cycle: int, channel: int) -> np.ndarray:
+        """The specimen as a perfectly focused widefield image would show it (in-focus PSF slice)."""
+        p = self.psf(channel)
+        sl = p[p.shape[0] // 2]
+        sharp = self.specimen(cycle, channel)
+        pad = sl.shape[0] // 2
+        big = np.pad(sharp, pad, mode="reflect")
+        return signal.fftconvolve(big, sl / sl.sum(), mode="same")[pad:-pad, pad:-pad].astype(np.float32)
+
     def stack(self, cycle: int, channel: int) -> np.ndarray:
-        """Clean (no shading, no noise) z-stack of (cycle, channel) in the cycle's frame, float32 ZYX."""
+        """Clean (no shading, no noise) z-stack of (cycle, channel) in the cycle's frame, float32 ZYX:
+        the specimen sheet at its depth, convolved with the 3-D widefield PSF."""
+        key = (cycle, channel)
+        if key in self._stacks:
+            return self._stacks[key]
         sharp = self.specimen(cycle, channel)
         depth = self.depth_map(cycle)
-        nz, k = self.spec.z_planes, self.spec.blur_px_per_plane
-        blurred = [sharp] + [ndimage.gaussian_filter(sharp, k * j) for j in range(1, nz + 1)]
-        out = np.empty((nz,) + sharp.shape, np.float32)
+        nz = self.spec.z_planes
+        z0 = np.clip(np.floor(depth).astype(np.int64), 0, nz - 1)
+        frac = np.clip(depth - z0, 0, 1).astype(np.float32)
+        obj = np.zeros((nz,) + sharp.shape, np.float32)
         for z in range(nz):
-            delta = np.clip(np.abs(z - depth) - 0.5, 0, nz - 1)
-            j0 = np.floor(delta).astype(np.int32)
-            frac = (delta - j0).astype(np.float32)
-            plane = np.zeros(sharp.shape, np.float32)
-            for j in np.unique(j0):
-                sel = j0 == j
-                plane[sel] = (1 - frac[sel]) * blurred[j][sel] + frac[sel] * blurred[j + 1][sel]
-            out[z] = plane
+            obj[z] += np.where(z0 == z, sharp * (1 - frac), 0)
+            if z > 0:
+                obj[z] += np.where(z0 == z - 1, sharp * frac, 0)
+        p = self.psf(channel)
+        pad = p.shape[1] // 2
+        big = np.pad(obj, ((0, 0), (pad, pad), (pad, pad)), mode="reflect")
+        out = signal.fftconvolve(big, p, mode="same")[:, pad:-pad, pad:-pad]
+        out = np.clip(out, 0, None).astype(np.float32)
+        if len(self._stacks) > 8:
+            self._stacks.clear()
+        self._stacks[key] = out
         return out
 
     # ------------------------------------------------------------------ acquisition
     def amplitude(self, channel: int) -> float:
-        return 3000.0 / channel
+        """Counts of a unit specimen value in a perfectly focused image."""
+        return 3000.0 / channel / self._focus_fraction(channel)
+
+    def _focus_fraction(self, channel: int) -> float:
+        p = self.psf(channel)
+        return float(p[p.shape[0] // 2].sum())
 
     def background(self, channel: int) -> float:
         """Signal on bare slide before shading: none; the camera offset is the darkfield."""

@@ -79,7 +79,7 @@ def write_ome(path: str | Path, data: np.ndarray, axes: str, pixel_size_um: floa
 
 
 def write_pyramidal_ome(path: str | Path, data: np.ndarray, channel_names: list[str],
-                        pixel_size_um: float, min_size: int = 256) -> int:
+                        pixel_size_um: float, min_size: int = 128) -> int:
     """CYX pyramidal OME-TIFF (reduced levels in SubIFDs), readable by Bio-Formats.
 
     Returns the number of levels written.

@@ -1,0 +1,37 @@
+"""Running the plexgpu workflow through the Snakemake API from tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings, Quietness,
+                                      ResourceSettings, StorageSettings)
+
+from conftest import REPO
+
+SNAKEFILE = REPO / "Snakefile"
+
+
+def _workflow(api, workdir: Path, configfile: Path, overrides: dict | None, cores: int):
+    return api.workflow(resource_settings=ResourceSettings(cores=cores),
+                        config_settings=ConfigSettings(configfiles=[configfile], config=overrides or {}),
+                        storage_settings=StorageSettings(), workdir=workdir, snakefile=SNAKEFILE)
+
+
+def plan(workdir: Path, configfile: Path, targets=("registration",), overrides: dict | None = None):
+    """The jobs a run would execute: sorted [(rule, cycle or '')]."""
+    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        wf = _workflow(api, workdir, configfile, overrides, 1)
+        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
+        dag.execute_workflow(executor="dryrun")
+        # the DAG's set of jobs that need to run (no public accessor in the API)
+        return sorted((j.rule.name, j.wildcards.get("cycle", "")) for j in wf._workflow.dag._needrun)
+
+
+def run(workdir: Path, configfile: Path, targets=("registration",), overrides: dict | None = None,
+        cores: int = 2, keep_going: bool = False) -> None:
+    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        wf = _workflow(api, workdir, configfile, overrides, cores)
+        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
+        dag.execute_workflow(executor="local", execution_settings=ExecutionSettings(keep_going=keep_going))
