@@ -8,9 +8,12 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))  # the library, ins
 
 from snakemake.exceptions import WorkflowError
 
+from plexgpu.assignment import (AssignmentError, build_cycle_assignment, check_known_accounts,
+                                registration_slot)
 from plexgpu.config import ConfigError, validate_config
 from plexgpu.experiment import cycle_spec, resolve_experiment
 from plexgpu.io.raw import RawDataError
+from plexgpu.slurm import user_accounts
 
 if not config:
     raise WorkflowError(
@@ -27,6 +30,18 @@ CYCLES = EXPERIMENT.cycle_keys
 CHANNELS = EXPERIMENT.channels
 SPECS = {cycle_spec(EXPERIMENT, c).key: cycle_spec(EXPERIMENT, c).as_dict() for c in EXPERIMENT.cycles}
 DEVICE = config["compute"]["device"]
+
+# GPU-only scheduling (design §6): with accounts configured, every GPU-stage job asks SLURM
+# for exactly one GPU on its assigned account and partition. Without accounts (a workstation)
+# no SLURM resources are set. compute.device only chooses the array backend.
+ACCOUNTS = config["accounts"]
+try:
+    ASSIGNMENT = build_cycle_assignment(CYCLES, ACCOUNTS) if ACCOUNTS else {}
+    REGISTRATION_SLOT = registration_slot(ACCOUNTS) if ACCOUNTS else None
+    if ACCOUNTS:
+        check_known_accounts(ACCOUNTS, user_accounts())
+except AssignmentError as exc:
+    raise WorkflowError(f"plexgpu: {exc}")
 
 
 wildcard_constraints:
@@ -63,3 +78,25 @@ SHIFTS = f"{R}/registered/shifts.csv"
 PLEX = f"{R}/registered/plex.ome.tif"
 REGISTRATION_OUTPUTS = [SHIFTS, PLEX] + expand(REGISTERED, cycle=CYCLES, ch=CHANNELS)
 QC_INDEX = f"{R}/qc/index.html"
+
+
+def _token(account):
+    return "gpu_" + "".join(c if c.isalnum() else "_" for c in account)
+
+
+def gpu_resources(per_cycle=True):
+    """SLURM resources of a GPU-stage rule: one GPU, the assigned account and partition, the
+    account's slot count (read by the gpu-only scheduler) and per-account slot tokens (for
+    `--resources gpu_<account>=N` with the built-in schedulers). Independent of the attempt."""
+    if not ACCOUNTS:
+        return {}
+    slot = (lambda wc: ASSIGNMENT[wc.cycle]) if per_cycle else (lambda wc: REGISTRATION_SLOT)
+    res = {
+        "gpu": 1,
+        "slurm_account": lambda wc: slot(wc).account,
+        "slurm_partition": lambda wc: slot(wc).partition or "",
+        "account_gpu_slots": lambda wc: slot(wc).gpu_slots,
+    }
+    for a in ACCOUNTS:
+        res[_token(a["name"])] = lambda wc, name=a["name"]: int(slot(wc).account == name)
+    return res

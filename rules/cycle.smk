@@ -20,6 +20,7 @@ rule stitch:
         cpus_per_task=res("stitch", "cpus_per_task"),
         mem_mb=res("stitch", "mem_mb"),
         runtime=res("stitch", "runtime"),
+        **gpu_resources(),
     conda:
         "../envs/plexgpu.yaml"
     log:
@@ -43,6 +44,7 @@ rule deconvolve:
         cpus_per_task=res("deconvolve", "cpus_per_task"),
         mem_mb=res("deconvolve", "mem_mb"),
         runtime=res("deconvolve", "runtime"),
+        **gpu_resources(),
     conda:
         "../envs/plexgpu.yaml"
     log:
@@ -67,6 +69,7 @@ rule edf:
         cpus_per_task=res("edf", "cpus_per_task"),
         mem_mb=res("edf", "mem_mb"),
         runtime=res("edf", "runtime"),
+        **gpu_resources(),
     conda:
         "../envs/plexgpu.yaml"
     log:

@@ -17,6 +17,7 @@ rule registration:
         cpus_per_task=res("registration", "cpus_per_task"),
         mem_mb=res("registration", "mem_mb"),
         runtime=res("registration", "runtime"),
+        **gpu_resources(per_cycle=False),
     conda:
         "../envs/plexgpu.yaml"
     log:

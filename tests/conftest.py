@@ -36,3 +36,45 @@ def small_synth(tmp_path_factory) -> tuple[Path, SynthDataset]:
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _cluster_up() -> bool:
+    import subprocess
+
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10)
+        acct = subprocess.run(["sacctmgr", "-n", "-P", "list", "account", "format=account"],
+                              capture_output=True, text=True, timeout=10)
+        sinfo = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return ("UP" in ping.stdout and {"clive", "maigan"} <= set(acct.stdout.split())
+            and "gpu:6" in sinfo.stdout)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The real local SLURM cluster (tests/slurm/start_cluster.sh), started on demand.
+
+    Skips with a reason where it cannot be started; with PLEXGPU_REQUIRE_SLURM=1 (CI) fails instead.
+    """
+    import shutil
+    import subprocess
+
+    required = os.environ.get("PLEXGPU_REQUIRE_SLURM") == "1"
+    if not _cluster_up():
+        why = None
+        if os.geteuid() != 0:
+            why = "starting the test SLURM cluster needs root"
+        elif shutil.which("apt-get") is None:
+            why = "starting the test SLURM cluster needs Debian's apt-get"
+        else:
+            res = subprocess.run(["bash", str(REPO / "tests/slurm/start_cluster.sh")], capture_output=True,
+                                 text=True, timeout=600)
+            if res.returncode != 0 or not _cluster_up():
+                why = f"tests/slurm/start_cluster.sh failed: {(res.stderr or res.stdout)[-800:]}"
+        if why:
+            if required:
+                pytest.fail(f"SLURM tests are required here (PLEXGPU_REQUIRE_SLURM=1) but: {why}")
+            pytest.skip(why)
+    return True

@@ -56,6 +56,67 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def snakemake_command(configfiles: list[str], target: str, jobs: int, profile: str = "profiles/slurm") -> str:
+    """The exact command line: targets first (--configfile takes several values), -j = GPU slots."""
+    return (f"snakemake {target} --configfile {' '.join(configfiles)} --profile {profile} -j {jobs}")
+
+
+def cmd_plan(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .assignment import (build_cycle_assignment, check_known_accounts, registration_slot,
+                             total_slots)
+    from .config import load_config
+    from .experiment import resolve_experiment
+    from .slurm import user_accounts
+
+    config = load_config(args.configfile)
+    exp = resolve_experiment(config)
+    accounts = config["accounts"]
+    assignment = build_cycle_assignment(exp.cycle_keys, accounts)
+    check_known_accounts(accounts, user_accounts())
+    reg = registration_slot(accounts)
+    console = Console()
+    table = Table(title=f"GPU-only plan: {len(exp.cycles)} cycles, every image job on one GPU")
+    for col in ("cycle", "account", "partition", "stages"):
+        table.add_column(col)
+    for key, slot in assignment.items():
+        table.add_row(key, slot.account, slot.partition or "(default)", "stitch -> deconvolve -> edf")
+    table.add_row("all", reg.account, reg.partition or "(default)", "registration")
+    console.print(table)
+    slots = Table(title="GPU slots per account")
+    for col in ("account", "gpu_slots", "cycles"):
+        slots.add_column(col)
+    for a in accounts:
+        n = sum(1 for s in assignment.values() if s.account == a["name"])
+        slots.add_row(a["name"], str(a["gpu_slots"]), str(n))
+    total = total_slots(accounts)
+    slots.add_row("total", str(total), str(len(assignment)))
+    console.print(slots)
+    waves = -(-len(assignment) // total)
+    console.print(f"{len(assignment)} cycles on {total} GPU slots: {waves} wave(s); overflow cycles wait in "
+                  "SLURM for a GPU of their account (no CPU fallback).")
+    if config["compute"]["device"] != "gpu":
+        console.print("[yellow]compute.device = cpu: jobs hold GPUs but compute on the CPU (testing only)[/]")
+    print(snakemake_command(args.configfile, args.target, total))
+    return 0
+
+
+def cmd_verify_gpu(args) -> int:
+    from .gpu import GPUUnavailable, require_gpu
+
+    try:
+        facts = require_gpu()
+    except GPUUnavailable as exc:
+        print(f"plexgpu verify-gpu: FAILED: {exc}", file=sys.stderr)
+        return 1
+    print(f"plexgpu verify-gpu: OK: {facts.name}, {facts.total_memory_bytes / 2**30:.1f} GiB, "
+          f"{'MIG slice' if facts.mig else 'whole device'}, UUID {facts.uuid}, "
+          f"CUDA_VISIBLE_DEVICES={facts.cuda_visible_devices}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="plexgpu", description=__doc__)
     p.add_argument("--version", action="version", version=f"plexgpu {__version__}")
@@ -78,10 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--configfile", nargs="+", required=True)
     v.add_argument("--workers", type=int, default=8, help="threads reading TIFF headers")
     v.set_defaults(func=cmd_validate)
+
+    pl = sub.add_parser("plan", help="cycle -> GPU account table, slot totals and the snakemake command")
+    pl.add_argument("--configfile", nargs="+", required=True)
+    pl.add_argument("--target", default="registration")
+    pl.set_defaults(func=cmd_plan)
+
+    g = sub.add_parser("verify-gpu", help="check this job's GPU the way every GPU job does (devel partitions)")
+    g.set_defaults(func=cmd_verify_gpu)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .assignment import AssignmentError
     from .config import ConfigError
     from .io.raw import RawDataError
     from .io.tiff import TiffReadError
@@ -89,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, RawDataError, TiffReadError) as exc:
+    except (ConfigError, RawDataError, TiffReadError, AssignmentError) as exc:
         return _fail(str(exc))
 
 

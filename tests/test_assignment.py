@@ -1,0 +1,63 @@
+"""Cycle -> GPU account assignment (design §6)."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from plexgpu.assignment import (AssignmentError, build_cycle_assignment, check_known_accounts,
+                                registration_slot, total_slots)
+
+ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
+            {"name": "maigan", "gpu_slots": 2, "partition": "hpg-turin"}]
+CYCLES = [f"cyc{c:03d}" for c in range(1, 10)]
+
+
+def test_nine_cycles_round_robin_in_proportion_to_slots():
+    a = build_cycle_assignment(CYCLES, ACCOUNTS)
+    clive = [c for c, s in a.items() if s.account == "clive"]
+    maigan = [c for c, s in a.items() if s.account == "maigan"]
+    assert clive == ["cyc001", "cyc002", "cyc003", "cyc006", "cyc007", "cyc008"]
+    assert maigan == ["cyc004", "cyc005", "cyc009"]
+    assert all(s.partition == "hpg-b200" for c, s in a.items() if c in clive)
+    assert registration_slot(ACCOUNTS).account == "clive"
+    assert total_slots(ACCOUNTS) == 5
+
+
+def test_pure_and_order_independent():
+    shuffled = list(reversed(CYCLES))
+    assert build_cycle_assignment(shuffled, ACCOUNTS) == build_cycle_assignment(CYCLES, ACCOUNTS)
+
+
+def test_zero_slot_account_skipped_and_no_slots_is_an_error():
+    a = build_cycle_assignment(CYCLES, [{"name": "idle", "gpu_slots": 0}, ACCOUNTS[1]])
+    assert {s.account for s in a.values()} == {"maigan"}
+    for accounts in ([], [{"name": "idle", "gpu_slots": 0}]):
+        with pytest.raises(AssignmentError, match="config key accounts"):
+            build_cycle_assignment(CYCLES, accounts)
+
+
+def test_unknown_account_named():
+    with pytest.raises(AssignmentError, match="no account nosuch"):
+        check_known_accounts([{"name": "nosuch", "gpu_slots": 1}], {"clive", "maigan"})
+    check_known_accounts(ACCOUNTS, None)  # SLURM cannot be asked: nothing to check
+
+
+def test_plan_prints_table_total_and_command(tmp_path, small_synth):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS}))
+    res = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(cfg)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "cyc003" in res.stdout and "clive" in res.stdout and "maigan" in res.stdout
+    last = res.stdout.strip().splitlines()[-1]
+    assert last == f"snakemake registration --configfile {cfg} --profile profiles/slurm -j 5"
+
+
+def test_plan_zero_slots_fails_naming_key(tmp_path, small_synth):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": [{"name": "clive", "gpu_slots": 0}]}))
+    res = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(cfg)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "config key accounts" in res.stderr

@@ -1,0 +1,143 @@
+"""Snakemake scheduler plugin ``gpu-only`` (``snakemake --scheduler gpu-only``) for plexgpu.
+
+* Each GPU account runs at most its ``gpu_slots`` GPU jobs at once. Rules tell the
+  plugin their account (``slurm_account``) and its slots (``account_gpu_slots``), so a
+  plain ``snakemake registration --configfile config.yaml --profile profiles/slurm``
+  needs no hand-written ``--resources``.
+* Every resource the core hands over (``_cores``, ``_nodes``, ``_job_count``, custom
+  ones) is respected: the core subtracts what the selection uses without re-checking.
+* GPU work goes before QC; among GPU work, started cycles go before new ones, the
+  earliest cycle first, the downstream stage first (finish what was started).
+* A GPU-stage job that asks for no GPU is refused with a clear error: there is no CPU
+  fallback.
+* Inside remote jobs (started with ``--scheduler gpu-only`` too, one job each) it has
+  nothing to decide and does the same checks harmlessly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Sequence, Union
+
+from snakemake_interface_scheduler_plugins.base import SchedulerBase
+from snakemake_interface_scheduler_plugins.interfaces.jobs import JobSchedulerInterface
+from snakemake_interface_scheduler_plugins.settings import SchedulerSettingsBase
+
+#: plexgpu's GPU stages, downstream last (their order is the preference order, reversed)
+GPU_STAGES = ("stitch", "deconvolve", "edf", "registration")
+ACCOUNT = "slurm_account"
+SLOTS = "account_gpu_slots"
+
+
+class GpuOnlySchedulingError(RuntimeError):
+    """A job that would break the GPU-only contract."""
+
+
+@dataclass
+class SchedulerSettings(SchedulerSettingsBase):
+    pass
+
+
+def _single_jobs(job) -> list:
+    jobs = getattr(job, "jobs", None)
+    return list(jobs()) if callable(jobs) else [job]
+
+
+def _rule(job) -> str:
+    rule = getattr(job, "rule", None)
+    return getattr(rule, "name", "") or ""
+
+
+def _cycle(job) -> str:
+    wildcards = getattr(job, "wildcards", None) or {}
+    try:
+        return str(dict(wildcards).get("cycle", ""))
+    except (TypeError, ValueError):
+        return ""
+
+
+def is_gpu_stage(job) -> bool:
+    return any(_rule(j) in GPU_STAGES for j in _single_jobs(job))
+
+
+def gpu_account(job) -> tuple[str, int] | None:
+    """(account, its gpu_slots) of a GPU job scheduled per account, else None."""
+    res = job.scheduler_resources
+    account = res.get(ACCOUNT)
+    if not account or res.get(SLOTS) is None:
+        return None
+    return str(account), int(res.get(SLOTS))
+
+
+def check_gpu_request(job) -> None:
+    """A GPU-stage job scheduled on an account must ask for a GPU."""
+    res = job.scheduler_resources
+    if is_gpu_stage(job) and res.get(ACCOUNT) and int(res.get("gpu", 0) or 0) < 1:
+        names = ", ".join(f"{_rule(j)} {_cycle(j)}".strip() for j in _single_jobs(job))
+        raise GpuOnlySchedulingError(
+            f"gpu-only scheduler: {names} is a GPU stage but asks for no GPU (resources gpu="
+            f"{res.get('gpu', 0)}); plexgpu has no CPU fallback: restore `gpu=1` in its rule")
+
+
+class Scheduler(SchedulerBase):
+    def __post_init__(self) -> None:
+        self.cycle_order: dict[str, int] = {}
+
+    def dag_updated(self) -> None:
+        cycles = sorted({_cycle(j) for j in self.dag.needrun_jobs()} - {""})
+        self.cycle_order = {c: i for i, c in enumerate(cycles)}
+
+    def _running_and_started(self, remaining_jobs) -> tuple[list, set]:
+        """Jobs running now (submitted, not finished) and the cycles that have begun."""
+        remaining = set(map(id, remaining_jobs))
+        running, started = [], set()
+        for j in self.dag.needrun_jobs():
+            if id(j) in remaining:
+                continue
+            if not self.dag.finished(j):
+                running.append(j)
+            started.add(_cycle(j))
+        return running, started
+
+    def _preference(self, job, started: set) -> tuple:
+        singles = _single_jobs(job)
+        stage = max((GPU_STAGES.index(_rule(j)) for j in singles if _rule(j) in GPU_STAGES), default=-1)
+        cycles = [_cycle(j) for j in singles if _cycle(j)]
+        order = min((self.cycle_order.get(c, len(self.cycle_order)) for c in cycles), default=-1)
+        return (0 if stage >= 0 else 1,                         # GPU work before QC
+                0 if not cycles or set(cycles) & started else 1,  # started cycles (and registration) first
+                order,                                          # earliest cycle first
+                -stage,                                         # downstream stage first
+                -int(getattr(job, "priority", 0) or 0))
+
+    def select_jobs(
+        self,
+        selectable_jobs: Sequence[JobSchedulerInterface],
+        remaining_jobs: Sequence[JobSchedulerInterface],
+        available_resources: Mapping[str, Union[int, str]],
+        input_sizes: Dict,
+    ) -> Optional[Sequence[JobSchedulerInterface]]:
+        for job in selectable_jobs:
+            check_gpu_request(job)
+        free = {k: v for k, v in available_resources.items() if isinstance(v, int)}
+        in_use: dict[str, int] = {}
+        running, started = self._running_and_started(remaining_jobs)
+        for job in running:
+            acct = gpu_account(job)
+            if acct:
+                in_use[acct[0]] = in_use.get(acct[0], 0) + 1
+        selected = []
+        for job in sorted(selectable_jobs, key=lambda j: self._preference(j, started)):
+            res = job.scheduler_resources
+            need = {k: res.get(k, 0) for k in free}
+            if any(not isinstance(v, int) or v > free[k] for k, v in need.items()):
+                continue
+            acct = gpu_account(job)
+            if acct and in_use.get(acct[0], 0) >= acct[1]:
+                continue  # this account's GPUs are all busy: the job waits for one (no CPU fallback)
+            for k, v in need.items():
+                free[k] -= v
+            if acct:
+                in_use[acct[0]] = in_use.get(acct[0], 0) + 1
+            selected.append(job)
+        return selected
