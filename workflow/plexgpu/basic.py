@@ -37,6 +37,7 @@ ENT1 = 1.0               # step scaling of the original algorithm
 LAMBDA_FLAT = 0.25       # flatfield smoothness: sum|DCT(normalised mean image)| / 400 * this
                          # (BaSiC uses 0.5; 0.25 measured 1.5 % vs 2.2 % error on synthetic truth)
 DARK_QUANTILE = 0.05     # darkfield = this quantile of the tiles at each pixel ...
+MIN_TILES_ADVISED = 16   # fewer tiles per plane than this: the fit is warned about
 DARK_SIGMA = 2.0         # ... smoothed by a Gaussian of this sigma (working-size pixels)
 
 

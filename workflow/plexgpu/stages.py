@@ -61,6 +61,9 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
             ref_tiles = tiles
         advance()
     t_read = time.perf_counter() - t0
+    if spec.rows * spec.cols < basic.MIN_TILES_ADVISED:
+        log.warning("BaSiC: only %d tiles per plane; below ~%d the flatfield can carry specimen structure "
+                    "(see qc/stitch)", spec.rows * spec.cols, basic.MIN_TILES_ADVISED)
     fit = basic.fit_batch(xp.stack(small), params)
     xpmod.synchronize(xp)
     t_fit = time.perf_counter() - t0 - t_read
