@@ -78,6 +78,7 @@ SHIFTS = f"{R}/registered/shifts.csv"
 PLEX = f"{R}/registered/plex.ome.tif"
 REGISTRATION_OUTPUTS = [SHIFTS, PLEX] + expand(REGISTERED, cycle=CYCLES, ch=CHANNELS)
 QC_INDEX = f"{R}/qc/index.html"
+ACCOUNTING = f"{R}/accounting/jobs"  # one record per GPU job, written by the job itself
 
 
 def _token(account):

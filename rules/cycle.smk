@@ -15,6 +15,7 @@ rule stitch:
         basic=config["basic"],
         stitch=config["stitch"],
         device=DEVICE,
+        accounting=ACCOUNTING,
     threads: res("stitch", "cpus_per_task")
     resources:
         cpus_per_task=res("stitch", "cpus_per_task"),
@@ -39,6 +40,7 @@ rule deconvolve:
         optics=config["optics"],
         deconvolution=config["deconvolution"],
         device=DEVICE,
+        accounting=ACCOUNTING,
     threads: res("deconvolve", "cpus_per_task")
     resources:
         cpus_per_task=res("deconvolve", "cpus_per_task"),
@@ -64,6 +66,7 @@ rule edf:
         spec=lambda wc: SPECS[wc.cycle],
         edf=config["edf"],
         device=DEVICE,
+        accounting=ACCOUNTING,
     threads: res("edf", "cpus_per_task")
     resources:
         cpus_per_task=res("edf", "cpus_per_task"),

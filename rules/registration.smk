@@ -12,6 +12,7 @@ rule registration:
         specs=[SPECS[c] for c in CYCLES],
         registration=config["registration"],
         device=DEVICE,
+        accounting=ACCOUNTING,
     threads: res("registration", "cpus_per_task")
     resources:
         cpus_per_task=res("registration", "cpus_per_task"),

@@ -11,7 +11,8 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821 (provided by Snakemake)
 spec = CycleSpec.from_dict(sm.params.spec)
-with job_context("edf", sm.log[0], sm.resources, sm.params.device) as ctx:
+with job_context("edf", sm.log[0], sm.resources, sm.params.device, sm.params.accounting,
+                 sm.wildcards.cycle) as ctx:
     stages.extended_depth(ctx, spec, sm.params.edf,
                           dict(zip(spec.channels, sm.input.deconvolved)),
                           sm.input.planes,

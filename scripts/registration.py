@@ -11,7 +11,7 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821 (provided by Snakemake)
 specs = [CycleSpec.from_dict(d) for d in sm.params.specs]
-with job_context("registration", sm.log[0], sm.resources, sm.params.device) as ctx:
+with job_context("registration", sm.log[0], sm.resources, sm.params.device, sm.params.accounting) as ctx:
     stages.register(ctx, specs, sm.params.registration,
                     stages.by_cycle_and_channel(specs, list(sm.input)),
                     {"registered": stages.by_cycle_and_channel(specs, list(sm.output.registered)),

@@ -61,6 +61,27 @@ def snakemake_command(configfiles: list[str], target: str, jobs: int, profile: s
     return (f"snakemake {target} --configfile {' '.join(configfiles)} --profile {profile} -j {jobs}")
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(","))
+
+
+def cmd_simulate(args, config) -> int:
+    from .simulate import simulate
+
+    if args.cycles is None:
+        from .experiment import resolve_experiment
+
+        n = len(resolve_experiment(config).cycles)
+    else:
+        n = args.cycles
+    policies = ["gpu-only", "cpu-fallback"] if args.policy == "both" else [args.policy]
+    for policy in policies:
+        res = simulate(n, config["accounts"], _floats(args.gpu_minutes), policy, _floats(args.cpu_minutes),
+                       args.cpu_slots, args.registration_minutes)
+        print(res.summary())
+    return 0
+
+
 def cmd_plan(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -72,6 +93,8 @@ def cmd_plan(args) -> int:
     from .slurm import user_accounts
 
     config = load_config(args.configfile)
+    if args.simulate:
+        return cmd_simulate(args, config)
     exp = resolve_experiment(config)
     accounts = config["accounts"]
     assignment = build_cycle_assignment(exp.cycle_keys, accounts)
@@ -117,6 +140,21 @@ def cmd_verify_gpu(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from .config import load_config
+    from .report import usage_statements, write_report
+
+    config = load_config(args.configfile)
+    md, page, allocs = write_report(config["results_dir"], use_sacct=not args.no_sacct)
+    if not allocs:
+        print(f"plexgpu report: no accounting records under {config['results_dir']}/accounting/jobs yet")
+        return 1
+    for st in usage_statements(allocs):
+        print(st["text"])
+    print(f"report: {md} and {page}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="plexgpu", description=__doc__)
     p.add_argument("--version", action="version", version=f"plexgpu {__version__}")
@@ -143,7 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="cycle -> GPU account table, slot totals and the snakemake command")
     pl.add_argument("--configfile", nargs="+", required=True)
     pl.add_argument("--target", default="registration")
+    pl.add_argument("--simulate", action="store_true", help="simulate the run's makespan instead")
+    pl.add_argument("--policy", choices=["gpu-only", "cpu-fallback", "both"], default="both")
+    pl.add_argument("--cycles", type=int, help="number of cycles (default: those found in raw_dir)")
+    pl.add_argument("--gpu-minutes", default="8,12,1.5", help="stitch,deconvolve,edf minutes on a GPU")
+    pl.add_argument("--cpu-minutes", default="200,60,22", help="stitch,deconvolve,edf minutes on a CPU slot")
+    pl.add_argument("--cpu-slots", type=int, default=1)
+    pl.add_argument("--registration-minutes", type=float, default=0.0)
     pl.set_defaults(func=cmd_plan)
+
+    r = sub.add_parser("report", help="GPU usage per device model / MIG profile with the arithmetic, report card")
+    r.add_argument("--configfile", nargs="+", required=True)
+    r.add_argument("--no-sacct", action="store_true", help="use the jobs' own records only (no SLURM here)")
+    r.set_defaults(func=cmd_report)
 
     g = sub.add_parser("verify-gpu", help="check this job's GPU the way every GPU job does (devel partitions)")
     g.set_defaults(func=cmd_verify_gpu)

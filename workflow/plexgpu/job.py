@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 
 from . import xp as xpmod
@@ -55,9 +56,16 @@ def workers_from_resources(resources) -> int:
     return max(1, int(value))
 
 
+def _requested(resources) -> dict:
+    get = (lambda k: resources.get(k)) if isinstance(resources, dict) else (lambda k: getattr(resources, k, None))
+    return {k: get(k) for k in ("cpus_per_task", "mem_mb", "runtime", "gpu", "slurm_account", "slurm_partition")}
+
+
 @contextmanager
-def job_context(rule: str, log_path: str | None, resources, device: str):
-    """Set up logging, the GPU guard (device gpu) and the worker pool for one job."""
+def job_context(rule: str, log_path: str | None, resources, device: str, accounting_dir: str | None = None,
+                cycle: str = ""):
+    """Set up logging, the GPU guard (device gpu), the worker pool and, for GPU-stage jobs
+    (``accounting_dir`` given), the accounting record, written also when the job fails."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
         handlers = [logging.FileHandler(log_path, mode="a")]
@@ -65,6 +73,11 @@ def job_context(rule: str, log_path: str | None, resources, device: str):
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(message)s")
     workers = workers_from_resources(resources)
+    recorder = None
+    if accounting_dir:
+        from .accounting import JobRecorder
+
+        recorder = JobRecorder(rule, cycle, Path(accounting_dir), device, requested=_requested(resources))
     facts = None
     if device == "gpu":
         from .gpu import GPUUnavailable, require_gpu
@@ -73,7 +86,11 @@ def job_context(rule: str, log_path: str | None, resources, device: str):
             facts = require_gpu().as_dict()
         except GPUUnavailable as exc:
             log.error("%s: %s", rule, exc)
+            if recorder:
+                recorder.finish("failed", str(exc))
             raise SystemExit(f"{rule}: {exc}") from None
+        if recorder:
+            recorder.begin_gpu(facts)
         log.info("GPU: %s (%s MiB), CUDA_VISIBLE_DEVICES=%s", facts["name"],
                  facts["total_memory_bytes"] // 2**20, facts["cuda_visible_devices"])
     xp = xpmod.get_xp(xpmod.backend_for_device(device))
@@ -83,7 +100,11 @@ def job_context(rule: str, log_path: str | None, resources, device: str):
         ctx = JobContext(rule=rule, workers=workers, device=device, xp=xp, pool=pool, device_facts=facts)
         try:
             yield ctx
-        except Exception:
+        except BaseException as exc:
             log.exception("%s failed after %.1f s", rule, time.time() - ctx.started)
+            if recorder:
+                recorder.finish("failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
             raise
         log.info("%s finished in %.1f s", rule, time.time() - ctx.started)
+        if recorder:
+            log.info("accounting record: %s", recorder.finish("completed"))
