@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.plexgpu-installed
 CORES  ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo test venv clean-demo
+.PHONY: demo test venv clean-demo bench bench-env
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+# basicpy 2.0.0 (the BaSiC reference) pins scipy<1.13 and needs torch: its own environment,
+# CPU torch from the wheel present on these machines.
+bench/.venv-basicpy/.ok:
+	$(PYTHON) -m venv bench/.venv-basicpy
+	bench/.venv-basicpy/bin/pip install -q torch==2.13.0
+	bench/.venv-basicpy/bin/pip install -q basicpy==2.0.0
+	@touch $@
+
+bench-env: bench/.venv-basicpy/.ok
+
+bench: $(STAMP) bench-env
+	cd bench && PATH="$(CURDIR)/$(BIN):$$PATH" ../$(BIN)/python run_all.py
 
 clean-demo:
 	rm -rf demo

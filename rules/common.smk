@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 
 from plexgpu.assignment import (AssignmentError, build_cycle_assignment, check_known_accounts,
                                 registration_slot)
+from plexgpu import paths
 from plexgpu.config import ConfigError, validate_config
 from plexgpu.experiment import cycle_spec, resolve_experiment
 from plexgpu.io.raw import RawDataError
@@ -68,17 +69,17 @@ def res(rule_name, key):
     return config["resources"][rule_name][key]
 
 
-STITCHED = f"{R}/stitched/{{cycle}}/CH{{ch}}.ome.tif"
-PROFILES = f"{R}/basic/{{cycle}}/CH{{ch}}.profiles.tif"
-DECONVOLVED = f"{R}/deconvolved/{{cycle}}/CH{{ch}}.ome.tif"
-EDF = f"{R}/edf/{{cycle}}/CH{{ch}}.ome.tif"
-FOCUS = f"{R}/edf/{{cycle}}/CH{{ch}}.focus.tif"
-REGISTERED = f"{R}/registered/{{cycle}}/CH{{ch}}.ome.tif"
-SHIFTS = f"{R}/registered/shifts.csv"
-PLEX = f"{R}/registered/plex.ome.tif"
+STITCHED = f"{R}/{paths.STITCHED}"
+PROFILES = f"{R}/{paths.PROFILES}"
+DECONVOLVED = f"{R}/{paths.DECONVOLVED}"
+EDF = f"{R}/{paths.EDF}"
+FOCUS = f"{R}/{paths.FOCUS}"
+REGISTERED = f"{R}/{paths.REGISTERED}"
+SHIFTS = f"{R}/{paths.SHIFTS}"
+PLEX = f"{R}/{paths.PLEX}"
 REGISTRATION_OUTPUTS = [SHIFTS, PLEX] + expand(REGISTERED, cycle=CYCLES, ch=CHANNELS)
-QC_INDEX = f"{R}/qc/index.html"
-ACCOUNTING = f"{R}/accounting/jobs"  # one record per GPU job, written by the job itself
+QC_INDEX = f"{R}/{paths.QC_INDEX}"
+ACCOUNTING = f"{R}/{paths.ACCOUNTING}"  # one record per GPU job, written by the job itself
 
 
 def _token(account):

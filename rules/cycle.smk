@@ -7,9 +7,9 @@ rule stitch:
     output:
         stitched=per_channel(STITCHED),
         profiles=per_channel(PROFILES),
-        positions=f"{R}/stitched/{{cycle}}/positions.csv",
-        pairs=f"{R}/stitched/{{cycle}}/pairs.csv",
-        planes=f"{R}/stitched/{{cycle}}/planes.json",
+        positions=f"{R}/{paths.POSITIONS}",
+        pairs=f"{R}/{paths.PAIRS}",
+        planes=f"{R}/{paths.PLANES}",
     params:
         spec=lambda wc: SPECS[wc.cycle],
         basic=config["basic"],
@@ -58,7 +58,7 @@ rule deconvolve:
 rule edf:
     input:
         deconvolved=per_channel(DECONVOLVED),
-        planes=f"{R}/stitched/{{cycle}}/planes.json",
+        planes=f"{R}/{paths.PLANES}",
     output:
         edf=per_channel(EDF),
         focus=per_channel(FOCUS),

@@ -5,7 +5,7 @@
 rule qc_stitch:
     input:
         profiles=per_channel(PROFILES),
-        pairs=f"{R}/stitched/{{cycle}}/pairs.csv",
+        pairs=f"{R}/{paths.PAIRS}",
     output:
         png=f"{R}/qc/stitch/{{cycle}}.png",
         metrics=f"{R}/qc/stitch/{{cycle}}.json",

@@ -49,16 +49,24 @@ def _small_problems(n_planes=4, seed=1):
 def test_batched_equals_one_at_a_time(xp, darkfield):
     D = xpmod.to_device(_small_problems(), xp)
     params = basic.BasicParams(darkfield=darkfield, working_size=48)
-    batched = basic.fit_batch(D, params)
+    batched = basic.fit_batch(D, params, group=D.shape[0])  # every problem advanced together
     # problems converge after different iteration counts: freezing is exercised
     assert len(set(batched.iterations.tolist())) > 1
     for b in range(D.shape[0]):
-        single = basic.fit_batch(D[b:b + 1], params)
+        single = basic.fit_batch(D[b:b + 1], params, group=1)
         for name in ("flatfield", "darkfield"):
             one = xpmod.to_host(getattr(single, name)[0])
             many = xpmod.to_host(getattr(batched, name)[b])
             assert np.abs(one - many).max() <= 1e-5 * max(np.abs(one).max(), 1e-6)
         assert single.iterations[0] == batched.iterations[b]
+
+
+def test_default_grouping_equals_whole_batch(xp):
+    D = xpmod.to_device(_small_problems(2), xp)
+    params = basic.BasicParams(working_size=48)
+    a = basic.fit_batch(D, params, workers=2)
+    b = basic.fit_batch(D, params, group=D.shape[0])
+    assert np.abs(xpmod.to_host(a.flatfield) - xpmod.to_host(b.flatfield)).max() <= 1e-5
 
 
 def test_max_iterations_honoured_with_darkfield(xp):

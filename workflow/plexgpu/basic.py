@@ -33,7 +33,6 @@ EPSILON = 0.1            # reweighting regulariser
 REWEIGHT_TOL = 1e-2      # outer loop stops when the flatfield changes less than this (relative L1)
 MAX_MU_COEF = 1e7        # mu grows to at most this multiple of its start
 RHO = 1.5                # growth of mu per ADMM iteration
-ENT1 = 1.0               # step scaling of the original algorithm
 LAMBDA_FLAT = 0.25       # flatfield smoothness: sum|DCT(normalised mean image)| / 400 * this
                          # (BaSiC uses 0.5; 0.25 measured 1.5 % vs 2.2 % error on synthetic truth)
 DARK_QUANTILE = 0.05     # darkfield = this quantile of the tiles at each pixel ...
@@ -149,25 +148,25 @@ class _Problems:
     def step(self):
         """One ADMM iteration of every problem; returns the relative residual per problem."""
         xp, Im, f32 = self.xp, self.Im, self.Im.dtype
-        mu = self.mu.astype(f32)[:, None, None, None]
+        inv_mu = (1.0 / self.mu).astype(f32)[:, None, None, None]
+        Y_mu = self.Y * inv_mu
         S = _idct2(xp, self.S_hat)
         I_B = S[:, None] * self.B[:, :, None, None]
-        temp_W = ((Im - self.I_R - I_B + self.Y / mu) / ENT1).mean(axis=1)
-        thr_f = (self.lam_f / (ENT1 * self.mu)).astype(f32)[:, None, None]
+        temp_W = (Im - self.I_R - I_B + Y_mu).mean(axis=1)
+        thr_f = (self.lam_f / self.mu).astype(f32)[:, None, None]
         self.S_hat = _soft(self.S_hat + _dct2(xp, temp_W), thr_f)
         S = _idct2(xp, self.S_hat)
         I_B = S[:, None] * self.B[:, :, None, None]
-        self.I_R = _soft(self.I_R + (Im - I_B - self.I_R + self.Y / mu) / ENT1, self.W / (ENT1 * mu))
+        self.I_R = _soft(Im - I_B + Y_mu, self.W * inv_mu)
         R = Im - self.I_R
         mean_R = R.mean(axis=(1, 2, 3), dtype=xp.float64)
         B = R.mean(axis=(2, 3), dtype=xp.float64) / mean_R[:, None]
         self.B = xp.maximum(B, 0).astype(f32)
-        I_B = S[:, None] * self.B[:, :, None, None]
-        resid = Im - I_B - self.I_R
-        self.Y = self.Y + mu * resid
+        resid = R - S[:, None] * self.B[:, :, None, None]
+        self.Y += self.mu.astype(f32)[:, None, None, None] * resid
         self.mu = xp.minimum(self.mu * RHO, self.init_mu * MAX_MU_COEF)
         self.iterations += 1
-        return xp.sqrt((resid.astype(xp.float64) ** 2).sum(axis=(1, 2, 3))) / self.im_norm
+        return xp.sqrt((resid * resid).sum(axis=(1, 2, 3), dtype=xp.float64)) / self.im_norm
 
     def flatfield(self, j):
         """Flatfield (mean 1) of problem ``j`` after its inner loop."""
@@ -198,17 +197,32 @@ def estimate_darkfield(Im):
     return xpmod.ndimage(xp).gaussian_filter(low, (0, DARK_SIGMA, DARK_SIGMA), mode="nearest")
 
 
-def fit_batch(D, params: BasicParams = BasicParams()) -> BasicResult:
+def fit_batch(D, params: BasicParams = BasicParams(), group: int | None = None,
+              workers: int = 1) -> BasicResult:
     """Fit flat/dark-field for a batch of problems.
 
     D: (B, N, ws, ws) tiles at working size (each problem = all N tiles of one
     (channel, z-plane)), on the host or the device; result arrays on the same device.
+    ``group``: problems advanced together. On a GPU all of them (one set of kernels for
+    the whole batch); on the CPU one at a time by default, because there the work is
+    memory-bound and a cache-sized problem runs fastest (measured: 80 planes batched
+    111 s vs one at a time 44 s on 2 cores); ``workers`` threads run CPU groups side by side.
     """
     xp = xpmod.array_module(D)
     Im = xp.asarray(D, dtype=xp.float32)
     if Im.ndim != 4:
         raise ValueError(f"fit_batch expects (batch, tiles, y, x), got shape {Im.shape}")
     b, n, h, w = Im.shape
+    if group is None:
+        group = b if xpmod.is_cupy(xp) else 1
+    if group < b:
+        from concurrent.futures import ThreadPoolExecutor
+
+        starts = range(0, b, group)
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            parts = list(pool.map(lambda i: fit_batch(Im[i:i + group], params, group=group), starts))
+        return BasicResult(xp.concatenate([p.flatfield for p in parts]), xp.concatenate([p.darkfield for p in parts]),
+                           np.concatenate([p.iterations for p in parts]), np.concatenate([p.reweights for p in parts]))
     if params.darkfield:
         dark_out = estimate_darkfield(Im).astype(xp.float32)
         Im = Im - dark_out[:, None]

@@ -155,6 +155,60 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _run_context(args):
+    from pathlib import Path
+
+    from .config import load_config
+    from .experiment import resolve_experiment
+
+    config = load_config(args.configfile)
+    exp = resolve_experiment(config)
+    workdir = Path(args.directory).resolve()
+    return config, exp, workdir, Path(args.profile)
+
+
+def cmd_status(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .rerun import profile_prefix, status
+
+    config, exp, workdir, profile = _run_context(args)
+    states = status(exp.results_dir, workdir, exp.cycle_keys, exp.channels, profile_prefix(profile))
+    table = Table(title=f"plexgpu status: {workdir}")
+    for col in ("cycle", "stage", "state", "detail"):
+        table.add_column(col)
+    colour = {"done": "green", "running": "cyan", "failed": "red", "incomplete": "yellow"}
+    for s in states:
+        c = colour.get(s.state, "white")
+        table.add_row(s.cycle, s.stage, f"[{c}]{s.state}[/]", s.detail)
+    Console(width=140).print(table)
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    from .rerun import cancel, profile_prefix
+    from .slurm import parse_comment
+
+    _, _, workdir, profile = _run_context(args)
+    jobs = cancel(profile_prefix(profile), workdir)
+    for j in jobs:
+        rule, wc = parse_comment(j["Comment"])
+        print(f"cancelled job {j['JobID']} ({rule} {wc}, account {j['Account']}, was {j['State']})")
+    print(f"{len(jobs)} job(s) of this workflow cancelled; none left in squeue")
+    return 0
+
+
+def cmd_rerun(args) -> int:
+    from .assignment import total_slots
+    from .rerun import rerun
+
+    config, exp, workdir, profile = _run_context(args)
+    jobs = total_slots(config["accounts"]) if config["accounts"] else 1
+    return rerun(args.configfile, args.target, workdir, profile, jobs, exp.results_dir, exp.cycle_keys,
+                 exp.channels, args.snakemake_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="plexgpu", description=__doc__)
     p.add_argument("--version", action="version", version=f"plexgpu {__version__}")
@@ -195,6 +249,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-sacct", action="store_true", help="use the jobs' own records only (no SLURM here)")
     r.set_defaults(func=cmd_report)
 
+    from .config import REPO_ROOT
+
+    for name, helptext, func in (
+            ("status", "per cycle and stage: done / running / failed (sacct state) / not started", cmd_status),
+            ("cancel", "scancel this workflow's jobs (job-name prefix AND working directory) and wait", cmd_cancel),
+            ("rerun", "cancel stale jobs, unlock, rerun only what is unfinished (--rerun-incomplete)", cmd_rerun)):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--configfile", nargs="+", required=True)
+        c.add_argument("--directory", "-d", default=".", help="the workflow's working directory")
+        c.add_argument("--profile", default=str(REPO_ROOT / "profiles" / "slurm"))
+        if name == "rerun":
+            c.add_argument("target", nargs="?", default="registration",
+                           help="snakemake target (default registration); arguments after -- go to snakemake")
+        c.set_defaults(func=func)
+
     g = sub.add_parser("verify-gpu", help="check this job's GPU the way every GPU job does (devel partitions)")
     g.set_defaults(func=cmd_verify_gpu)
     return p
@@ -206,7 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     from .io.raw import RawDataError
     from .io.tiff import TiffReadError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
     args = build_parser().parse_args(argv)
+    args.snakemake_args = extra
     try:
         return args.func(args)
     except (ConfigError, RawDataError, TiffReadError, AssignmentError) as exc:

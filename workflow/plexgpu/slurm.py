@@ -101,3 +101,30 @@ def sacct_by_ids(job_ids: list[str]) -> dict[str, dict]:
                 prev = out[base]["MaxRSS_bytes"]
                 out[base]["MaxRSS_bytes"] = max(prev or 0, rss)
     return out
+
+
+FAILED_STATES = ("CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                 "DEADLINE")
+
+
+def parse_comment(comment: str) -> tuple[str, str]:
+    """The slurm plugin's job comment ``rule_<rule>_wildcards_<values>`` -> (rule, wildcards)."""
+    body = comment[len("rule_"):] if comment.startswith("rule_") else comment
+    rule, _, wc = body.partition("_wildcards_")
+    return rule, wc
+
+
+def squeue_jobs() -> list[dict]:
+    """This user's queued and running jobs."""
+    fields = ["JobID", "JobName", "Account", "State", "WorkDir", "Comment"]
+    res = _run(["squeue", "--me", "-h", "-o", "%i|%j|%a|%T|%Z|%k"])
+    if res.returncode != 0:
+        raise RuntimeError(f"squeue failed: {res.stderr.strip()}")
+    return [dict(zip(fields, line.split("|", 5))) for line in res.stdout.splitlines() if line.strip()]
+
+
+def scancel(job_ids: list[str]) -> None:
+    if job_ids:
+        res = _run(["scancel", *job_ids])
+        if res.returncode != 0:
+            raise RuntimeError(f"scancel failed: {res.stderr.strip()}")

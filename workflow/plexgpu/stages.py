@@ -64,7 +64,7 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     if spec.rows * spec.cols < basic.MIN_TILES_ADVISED:
         log.warning("BaSiC: only %d tiles per plane; below ~%d the flatfield can carry specimen structure "
                     "(see qc/stitch)", spec.rows * spec.cols, basic.MIN_TILES_ADVISED)
-    fit = basic.fit_batch(xp.stack(small), params)
+    fit = basic.fit_batch(xp.stack(small), params, workers=ctx.workers)
     xpmod.synchronize(xp)
     t_fit = time.perf_counter() - t0 - t_read
     log.info("BaSiC: %d planes (channels x z) fitted in one batch in %.2f s; ADMM iterations per plane %d-%d",

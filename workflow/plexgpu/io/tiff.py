@@ -63,10 +63,19 @@ def write_tiff(path: str | Path, data: np.ndarray, **kwargs) -> None:
         tifffile.imwrite(tmp, data, **kwargs)
 
 
+def _ome_uuid(path: str | Path, data: np.ndarray) -> str:
+    """A UUID fixed by the file's name and content: the same result gives the same bytes."""
+    import hashlib
+    import uuid
+
+    digest = hashlib.sha1(np.ascontiguousarray(data).view(np.uint8).ravel()).hexdigest()
+    return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'plexgpu/{Path(path).name}/{digest}')}"
+
+
 def write_ome(path: str | Path, data: np.ndarray, axes: str, pixel_size_um: float | None = None,
               z_step_um: float | None = None, channel_names: list[str] | None = None) -> None:
     """OME-TIFF with physical sizes, atomically."""
-    metadata: dict = {"axes": axes}
+    metadata: dict = {"axes": axes, "UUID": _ome_uuid(path, data)}
     if pixel_size_um:
         metadata.update(PhysicalSizeX=pixel_size_um, PhysicalSizeXUnit="µm",
                         PhysicalSizeY=pixel_size_um, PhysicalSizeYUnit="µm")
@@ -91,7 +100,7 @@ def write_pyramidal_ome(path: str | Path, data: np.ndarray, channel_names: list[
         levels.append(prev[:, :h, :w].reshape(prev.shape[0], h // 2, 2, w // 2, 2).mean(axis=(2, 4))
                       .astype(data.dtype))
     metadata = {
-        "axes": "CYX",
+        "axes": "CYX", "UUID": _ome_uuid(path, data),
         "PhysicalSizeX": pixel_size_um, "PhysicalSizeXUnit": "µm",
         "PhysicalSizeY": pixel_size_um, "PhysicalSizeYUnit": "µm",
         "Channel": {"Name": list(channel_names)},

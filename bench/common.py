@@ -1,0 +1,49 @@
+"""Shared by the benchmarks: timing, peak memory, result files (bench/results/*.json + README.md)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE.parent / "workflow"))
+
+
+@contextmanager
+def timer(out: dict, key: str):
+    t0 = time.perf_counter()
+    yield
+    out[key] = time.perf_counter() - t0
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_result(name: str, rows: list[dict], notes: str = "") -> Path:
+    """rows: {"what", "ours_s", "peer", "peer_s", "ratio", "ours_accuracy", "peer_accuracy", "peak_rss_mb"}"""
+    RESULTS.mkdir(exist_ok=True)
+    data = {"benchmark": name, "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+            "when": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "notes": notes}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1))
+    print(json.dumps(data, indent=1))
+    return path
+
+
+def markdown_table() -> str:
+    lines = ["| benchmark | what | ours (s) | peer | peer (s) | ratio peer/ours | ours accuracy | peer accuracy | "
+             "peak RSS (MB) |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in sorted(RESULTS.glob("*.json")):
+        d = json.loads(p.read_text())
+        for r in d["rows"]:
+            f = lambda k: ("–" if r.get(k) is None else (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])))
+            lines.append(f"| {d['benchmark']} | {r['what']} | {f('ours_s')} | {f('peer')} | {f('peer_s')} | "
+                         f"{f('ratio')} | {f('ours_accuracy')} | {f('peer_accuracy')} | {f('peak_rss_mb')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,42 @@
+"""The output layout of design §4, relative to ``results_dir``: one place for the workflow's
+rules (rules/common.smk) and the CLI (``plexgpu status``) alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STITCHED = "stitched/{cycle}/CH{ch}.ome.tif"
+PROFILES = "basic/{cycle}/CH{ch}.profiles.tif"
+POSITIONS = "stitched/{cycle}/positions.csv"
+PAIRS = "stitched/{cycle}/pairs.csv"
+PLANES = "stitched/{cycle}/planes.json"
+DECONVOLVED = "deconvolved/{cycle}/CH{ch}.ome.tif"
+EDF = "edf/{cycle}/CH{ch}.ome.tif"
+FOCUS = "edf/{cycle}/CH{ch}.focus.tif"
+REGISTERED = "registered/{cycle}/CH{ch}.ome.tif"
+SHIFTS = "registered/shifts.csv"
+PLEX = "registered/plex.ome.tif"
+ACCOUNTING = "accounting/jobs"
+QC_INDEX = "qc/index.html"
+
+#: per-cycle GPU stages and the files that prove each is done
+STAGE_OUTPUTS = {
+    "stitch": (STITCHED, PROFILES, POSITIONS, PAIRS, PLANES),
+    "deconvolve": (DECONVOLVED,),
+    "edf": (EDF, FOCUS),
+}
+
+
+def stage_files(results_dir: str | Path, stage: str, cycle: str, channels: list[int]) -> list[Path]:
+    out = []
+    for pattern in STAGE_OUTPUTS[stage]:
+        if "{ch}" in pattern:
+            out += [Path(results_dir) / pattern.format(cycle=cycle, ch=ch) for ch in channels]
+        else:
+            out.append(Path(results_dir) / pattern.format(cycle=cycle))
+    return out
+
+
+def registration_files(results_dir: str | Path, cycles: list[str], channels: list[int]) -> list[Path]:
+    r = Path(results_dir)
+    return [r / SHIFTS, r / PLEX] + [r / REGISTERED.format(cycle=c, ch=ch) for c in cycles for ch in channels]
