@@ -1,0 +1,76 @@
+"""Helpers of the tests that run the workflow on the real local SLURM cluster."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO
+from plexgpu.slurm import parse_comment, sacct_jobs
+
+ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
+            {"name": "maigan", "gpu_slots": 2, "partition": "hpg-b200"}]
+SMALL = {"cpus_per_task": 1, "mem_mb": 400, "runtime": 10}
+TEST_FLAGS = ["--slurm-init-seconds-before-status-checks", "3", "--retries", "0", "--latency-wait", "5"]
+
+
+def write_config(tmp: Path, raw: Path, device: str = "cpu", **extra) -> Path:
+    cfg = {"raw_dir": str(raw), "results_dir": str(tmp / "results"), "compute": {"device": device},
+           "accounts": ACCOUNTS, "deconvolution": {"iterations": 2},
+           "resources": {r: dict(SMALL) for r in ("stitch", "deconvolve", "edf", "registration", "qc")}}
+    cfg["resources"]["stitch"]["cpus_per_task"] = 2
+    cfg.update(extra)
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def profile_with_prefix(tmp: Path, prefix: str) -> Path:
+    """The project's SLURM profile with a job-name prefix of this test's own."""
+    prof = tmp / "profile"
+    prof.mkdir(exist_ok=True)
+    data = yaml.safe_load((REPO / "profiles/slurm/config.v8+.yaml").read_text())
+    data["slurm-jobname-prefix"] = prefix
+    (prof / "config.v8+.yaml").write_text(yaml.safe_dump(data))
+    return prof
+
+
+def snakemake_cmd(tmp: Path, cfg: Path, target: str, profile: Path) -> list[str]:
+    """The user's command (targets first), with short status polling for tests."""
+    return [sys.executable, "-m", "snakemake", target, "--configfile", str(cfg), "--profile", str(profile),
+            "-j", "5", "-s", str(REPO / "Snakefile"), "-d", str(tmp), *TEST_FLAGS]
+
+
+def snakemake_on_slurm(tmp: Path, cfg: Path, target: str, prefix: str, timeout: float = 900):
+    return subprocess.run(snakemake_cmd(tmp, cfg, target, profile_with_prefix(tmp, prefix)), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def records(prefix: str) -> list[dict]:
+    """sacct allocations of jobs whose name starts with ``prefix``, with rule and cycle parsed."""
+    recs = [r for r in sacct_jobs(start=datetime.now().strftime("%Y-%m-%d")) if r["JobName"].startswith(prefix + "_")]
+    for r in recs:
+        r["rule"], r["cycle"] = parse_comment(r["Comment"])
+    return recs
+
+
+def ts(s: str) -> float:
+    return datetime.fromisoformat(s).timestamp()
+
+
+def max_concurrent(recs: list[dict]) -> int:
+    events = sorted([(ts(r["Start"]), 1) for r in recs] + [(ts(r["End"]), -1) for r in recs])
+    n = peak = 0
+    for _, d in events:
+        n += d
+        peak = max(peak, n)
+    return peak
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst)

@@ -1,0 +1,184 @@
+"""Rerunning after scancel and killed coordinators, with real faults on the real local SLURM."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from slurm_helpers import TEST_FLAGS, records, snakemake_cmd, profile_with_prefix, ts, write_config
+from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.slurm import squeue_jobs
+
+pytestmark = pytest.mark.slurm
+CYCLES = [f"cyc{c:03d}" for c in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def four_cycles(tmp_path_factory):
+    """4 cycles of synthetic raw data and an uninterrupted reference run (local executor)."""
+    tmp = tmp_path_factory.mktemp("rerun")
+    raw = tmp / "raw"
+    SynthDataset(SynthSpec(cycles=4, rows=4, cols=4, tile=(96, 96), z_planes=5, channels=1, seed=31)).write(raw)
+    ref = tmp / "reference"
+    ref.mkdir()
+    cfg = write_config(ref, raw)
+    res = subprocess.run([sys.executable, "-m", "snakemake", "registration", "--configfile", str(cfg), "--cores", "2",
+                          "-s", str(REPO / "Snakefile"), "-d", str(ref)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return raw, ref / "results"
+
+
+def _digests(results: Path) -> dict:
+    return {p.relative_to(results).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(results.rglob("*")) if p.suffix in (".tif", ".csv") and p.is_file()}
+
+
+def _wait(cond, timeout=240, what=""):
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _plexgpu(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "plexgpu.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=900)
+
+
+def _my_jobs(prefix):
+    return [j for j in squeue_jobs() if j["JobName"].startswith(prefix + "_")]
+
+
+def _start_run(tmp_path, raw, tag):
+    """A coordinator on SLURM in the background: (prefix, profile, config, process)."""
+    prefix = f"plexgpu-{tag}{uuid.uuid4().hex[:8]}"
+    profile = profile_with_prefix(tmp_path, prefix)
+    cfg = write_config(tmp_path, raw)
+    coord = subprocess.Popen(snakemake_cmd(tmp_path, cfg, "registration", profile), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    return prefix, profile, cfg, coord
+
+
+def _rerun(tmp_path, cfg, profile):
+    res = _plexgpu("rerun", "registration", "--configfile", str(cfg), "-d", str(tmp_path), "--profile", str(profile),
+                   "--", *TEST_FLAGS)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def test_killed_coordinator_rerun_resumes_only_unfinished(slurm_cluster, four_cycles, tmp_path):
+    raw, reference = four_cycles
+    prefix, profile, cfg, coord = _start_run(tmp_path, raw, "k")
+    edf_done = lambda: any((tmp_path / f"results/edf/{c}/CH1.ome.tif").exists() for c in CYCLES)
+    _wait(lambda: edf_done() and _my_jobs(prefix), what="a finished cycle while GPU jobs run")
+    os.kill(coord.pid, signal.SIGKILL)
+    coord.wait()
+    killed_at = time.time()
+    assert _my_jobs(prefix), "stale jobs keep running after the coordinator died"
+    # a plain relaunch is refused by Snakemake (lock); plexgpu rerun recovers
+    res = _rerun(tmp_path, cfg, profile)
+    assert "cancelled stale job" in res.stdout
+    recs = records(prefix)
+    finished_before = {(r["rule"], r["cycle"]) for r in recs
+                       if r["State"] == "COMPLETED" and ts(r["End"]) < killed_at - 1}
+    assert finished_before
+    for key in finished_before:  # finished rules were not resubmitted
+        assert sum((r["rule"], r["cycle"]) == key for r in recs) == 1, key
+    by_key: dict = {}
+    for r in recs:
+        by_key.setdefault((r["rule"], r["cycle"]), []).append(r)
+    for key, rs in by_key.items():  # no two jobs of one rule + cycle ever overlapped
+        rs.sort(key=lambda r: ts(r["Start"]))
+        for a, b in zip(rs, rs[1:]):
+            assert ts(a["End"]) <= ts(b["Start"]), (key, a["JobID"], b["JobID"])
+    assert _digests(tmp_path / "results") == _digests(reference)
+
+
+def test_scancelled_job_other_cycles_finish_and_rerun_only_that_cycle(slurm_cluster, four_cycles, tmp_path):
+    raw, reference = four_cycles
+    prefix, profile, cfg, coord = _start_run(tmp_path, raw, "s")
+    victim = {}
+
+    def running_stitch_of_cyc002():
+        for j in _my_jobs(prefix):
+            if j["Comment"] == "rule_stitch_wildcards_cyc002" and j["State"] == "RUNNING":
+                victim.update(j)
+                return True
+        return False
+
+    _wait(running_stitch_of_cyc002, what="stitch of cyc002 running")
+    subprocess.run(["scancel", victim["JobID"]], check=True)
+    assert coord.wait(timeout=600) != 0  # keep-going: the others finish, the run reports the failure
+    for c in ("cyc001", "cyc003", "cyc004"):
+        assert (tmp_path / f"results/edf/{c}/CH1.ome.tif").exists()
+    assert not (tmp_path / "results/edf/cyc002/CH1.ome.tif").exists()
+    st = _plexgpu("status", "--configfile", str(cfg), "-d", str(tmp_path), "--profile", str(profile))
+    line = next(l for l in st.stdout.splitlines() if "cyc002" in l and "stitch" in l)
+    assert "failed" in line and "CANCELLED" in line
+    assert all("done" in l for l in st.stdout.splitlines() if "cyc001" in l)
+    before = {r["JobID"] for r in records(prefix)}
+    res = _rerun(tmp_path, cfg, profile)
+    new = [r for r in records(prefix) if r["JobID"] not in before]
+    assert sorted((r["rule"], r["cycle"]) for r in new) == [("deconvolve", "cyc002"), ("edf", "cyc002"),
+                                                            ("registration", ""), ("stitch", "cyc002")]
+    assert _digests(tmp_path / "results") == _digests(reference)
+
+
+def test_hard_killed_job_partial_files_cleaned_and_recomputed(slurm_cluster, four_cycles, tmp_path):
+    raw, reference = four_cycles
+    prefix, profile, cfg, coord = _start_run(tmp_path, raw, "h")
+    _wait(lambda: any(j["State"] == "RUNNING" for j in _my_jobs(prefix)), what="a running job")
+    os.kill(coord.pid, signal.SIGKILL)   # the coordinator and ...
+    coord.wait()
+    for pid_dir in Path("/proc").iterdir():  # ... the jobs' own processes, hard
+        if pid_dir.name.isdigit():
+            try:
+                cmd = (pid_dir / "cmdline").read_bytes()
+                if b"snakemake" in cmd and str(tmp_path).encode() in cmd:
+                    os.kill(int(pid_dir.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+    # a half-written file where a killed job was writing (what a non-atomic writer would leave)
+    incomplete = tmp_path / ".snakemake" / "incomplete"
+    markers = list(incomplete.iterdir()) if incomplete.is_dir() else []
+    assert markers, "the killed jobs left Snakemake's incomplete markers"
+    partial = tmp_path / base64.urlsafe_b64decode(markers[0].name.encode()).decode()
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"II*\x00half")
+    plain = subprocess.run(snakemake_cmd(tmp_path, cfg, "registration", profile), capture_output=True, text=True)
+    assert plain.returncode != 0 and "locked" in plain.stdout + plain.stderr  # the dead coordinator's lock
+    res = _rerun(tmp_path, cfg, profile)
+    assert _digests(tmp_path / "results") == _digests(reference)
+
+
+def test_cancel_leaves_other_working_directories_alone(slurm_cluster, tmp_path, small_synth):
+    prefix = f"plexgpu-c{uuid.uuid4().hex[:8]}"
+    profile = profile_with_prefix(tmp_path, prefix)
+    other = tmp_path / "other"
+    other.mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    cfg = write_config(mine, small_synth[0])
+    sub = lambda d: subprocess.run(["sbatch", "--parsable", "-A", "clive", "-p", "hpg-turin", "-J",
+                                    f"{prefix}_run", "--chdir", str(d), "-o", "/dev/null", "--mem", "100",
+                                    "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
+    mine_id, other_id = sub(mine), sub(other)
+    try:
+        res = _plexgpu("cancel", "--configfile", str(cfg), "-d", str(mine), "--profile", str(profile))
+        assert res.returncode == 0, res.stderr
+        assert f"cancelled job {mine_id}" in res.stdout and other_id not in res.stdout
+        left = {j["JobID"] for j in squeue_jobs()}
+        assert mine_id not in left and other_id in left
+    finally:
+        subprocess.run(["scancel", mine_id, other_id])
