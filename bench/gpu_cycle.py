@@ -37,7 +37,6 @@ def main(argv=None) -> dict:
     overlap = 0.3
     sy, sx = stitching.nominal_step((th, tw), overlap)
     H, W = (rows - 1) * sy + th + 8, (cols - 1) * sx + tw + 8
-    rng = xp.random.default_rng(0) if hasattr(xp.random, "default_rng") else xp.random
     ndi = xpmod.ndimage(xp)
     field = ndi.gaussian_filter(xp.asarray(np.random.default_rng(1).random((H, W), np.float32)), 1.0) * 4000
     yy, xx = xp.mgrid[0:th, 0:tw].astype(xp.float32)

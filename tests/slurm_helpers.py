@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from datetime import datetime
@@ -70,7 +69,3 @@ def max_concurrent(recs: list[dict]) -> int:
         n += d
         peak = max(peak, n)
     return peak
-
-
-def copy_tree(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst)

@@ -128,7 +128,7 @@ def test_scancelled_job_other_cycles_finish_and_rerun_only_that_cycle(slurm_clus
     assert "failed" in line and "CANCELLED" in line
     assert all("done" in l for l in st.stdout.splitlines() if "cyc001" in l)
     before = {r["JobID"] for r in records(prefix)}
-    res = _rerun(tmp_path, cfg, profile)
+    _rerun(tmp_path, cfg, profile)
     new = [r for r in records(prefix) if r["JobID"] not in before]
     assert sorted((r["rule"], r["cycle"]) for r in new) == [("deconvolve", "cyc002"), ("edf", "cyc002"),
                                                             ("registration", ""), ("stitch", "cyc002")]
@@ -158,7 +158,7 @@ def test_hard_killed_job_partial_files_cleaned_and_recomputed(slurm_cluster, fou
     partial.write_bytes(b"II*\x00half")
     plain = subprocess.run(snakemake_cmd(tmp_path, cfg, "registration", profile), capture_output=True, text=True)
     assert plain.returncode != 0 and "locked" in plain.stdout + plain.stderr  # the dead coordinator's lock
-    res = _rerun(tmp_path, cfg, profile)
+    _rerun(tmp_path, cfg, profile)
     assert _digests(tmp_path / "results") == _digests(reference)
 
 

@@ -23,7 +23,6 @@ deterministic (no random initialisation), and ``max_iterations`` is honoured.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import numpy as np
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from . import xp as xpmod
 
 MAX_ZERO_FRACTION = 0.10
@@ -30,8 +28,7 @@ class EDFError(ValueError):
 class EDFResult:
     image: object            # YX float32
     focus_index: object      # YX float32, index into the original stack
-    kept_planes: list[int]   # 0-based planes that passed the gate
-    dropped: dict[int, str]  # plane -> reason
+    kept_planes: list[int]   # 0-based planes used
 
 
 def plane_stats(stack, saturation_level: float | None) -> list[dict]:
@@ -96,8 +93,7 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     kept_arr = xp.asarray(kept, dtype=xp.float32)
     # map the fractional index among kept planes back to the original plane numbering
     orig = xp.take(kept_arr, lo) * (1 - t) + xp.take(kept_arr, hi) * t
-    return EDFResult(image=image.astype(xp.float32), focus_index=orig.astype(xp.float32), kept_planes=kept,
-                     dropped={})
+    return EDFResult(image=image.astype(xp.float32), focus_index=orig.astype(xp.float32), kept_planes=kept)
 
 
 def max_projection(stack):

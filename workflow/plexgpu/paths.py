@@ -36,7 +36,3 @@ def stage_files(results_dir: str | Path, stage: str, cycle: str, channels: list[
             out.append(Path(results_dir) / pattern.format(cycle=cycle))
     return out
 
-
-def registration_files(results_dir: str | Path, cycles: list[str], channels: list[int]) -> list[Path]:
-    r = Path(results_dir)
-    return [r / SHIFTS, r / PLEX] + [r / REGISTERED.format(cycle=c, ch=ch) for c in cycles for ch in channels]

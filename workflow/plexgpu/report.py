@@ -217,7 +217,6 @@ def _timeline_svg(allocs: list[Allocation]) -> str:
     lanes = sorted({(a.account, a.device_group) for a in allocs})
     width, lane_h, left = 900, 16, 260
     scale = (width - left - 10) / max(t1 - t0, 1e-6)
-    rows: dict[tuple, list] = {lane: [] for lane in lanes}
     out = []
     y = 0
     colours = {"stitch": "#4c78a8", "deconvolve": "#f58518", "edf": "#54a24b", "registration": "#b279a2"}

@@ -18,7 +18,7 @@ from . import basic, deconvolution, edf, psf, registration, stitching
 from . import xp as xpmod
 from .experiment import CycleSpec
 from .io.raw import RawDataError
-from .io.tiff import read_tiff, write_ome, write_pyramidal_ome, write_text_atomic, write_tiff
+from .io.tiff import read_tiff, write_ome, write_pyramidal_ome, write_text_atomic
 from .job import JobContext
 
 log = logging.getLogger("plexgpu")
@@ -213,10 +213,6 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
     levels = write_pyramidal_ome(out["plex"], np.stack(planes), names, by_key[ref_key].pixel_size_um)
     log.info("plex.ome.tif: %d channels, %d pyramid levels", len(planes), levels)
     return shifts
-
-
-def summary_json(path: str | Path, data: dict) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1, default=str))
 
 
 def by_cycle_and_channel(specs: list[CycleSpec], paths: list[str]) -> dict:
