@@ -79,7 +79,7 @@ if Path(args.basicpy).exists():
         secs = __import__("json").loads(out.stdout.strip().splitlines()[-1])["seconds"]
         prof = np.load(f"{tmp}/prof.npz")
         pfe, pde = errors(list(prof["flat"]), list(prof["dark"]))
-    rows[1].update(peer="basicpy 2.0.0 (darkfield, sort_intensity)", peer_s=float(np.mean(secs)),
+    rows[2].update(peer="basicpy 2.0.0 (darkfield, sort_intensity)", peer_s=float(np.mean(secs)),
                    ratio=float(np.mean(secs)) / (t["ours_six"] / len(small)),
                    peer_accuracy=f"flat RMS {np.mean(pfe):.2%}, dark offset {np.mean(pde):.1%}")
 write_result("basic", rows, notes=f"resize of one 1024^2 tile to 128^2: {t['resize_1024_tile']:.3f} s")

@@ -102,3 +102,9 @@ def test_correct_does_not_clip_and_uint16_saturates(xp):
     u16, below, above = basic.to_uint16(out)
     assert xpmod.to_host(u16).tolist() == [[160, 65535], [0, 65535]]  # saturates, never wraps
     assert (below, above) == (1, 2)
+
+
+def test_dataclass_defaults_equal_the_schema():
+    from plexgpu.config import validate_config
+
+    assert basic.BasicParams() == basic.BasicParams.from_config(validate_config({"raw_dir": "x"})["basic"])

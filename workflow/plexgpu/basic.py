@@ -46,7 +46,7 @@ class BasicParams:
     max_reweight_iterations: int = 10
     working_size: int = 128
     flatfield_min: float = 0.1
-    tolerance: float = 1e-6
+    tolerance: float = 1e-4
 
     @classmethod
     def from_config(cls, basic: dict) -> "BasicParams":
