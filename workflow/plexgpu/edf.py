@@ -56,28 +56,42 @@ def quality_gate(stats: list[dict], label: str = "") -> tuple[list[int], dict[in
     return kept, dropped
 
 
-def local_variance(stack, radius: int):
-    xp = xpmod.array_module(stack)
+def local_variance(plane, radius: int):
+    """Local variance of one YX plane in a (2 radius + 1)^2 window."""
+    xp = xpmod.array_module(plane)
     ndi = xpmod.ndimage(xp)
-    size = (1, 2 * radius + 1, 2 * radius + 1)
-    s = stack.astype(xp.float32)
-    mean = ndi.uniform_filter(s, size=size, mode="reflect")
-    sq = ndi.uniform_filter(s * s, size=size, mode="reflect")
+    p = plane.astype(xp.float32)
+    size = 2 * radius + 1
+    mean = ndi.uniform_filter(p, size=size, mode="reflect")
+    sq = ndi.uniform_filter(p * p, size=size, mode="reflect")
     return xp.maximum(sq - mean * mean, 0)
 
 
 def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: list[int] | None = None) -> EDFResult:
-    """EDF of a ZYX stack (host or device) using planes ``kept`` (default: all)."""
+    """EDF of a ZYX stack (host or device) using planes ``kept`` (default: all).
+
+    The focus measure is computed plane by plane, keeping per pixel only the best plane and
+    its neighbours' focus, so memory stays near one stack plus a few planes.
+    """
     xp = xpmod.array_module(stack)
     ndi = xpmod.ndimage(xp)
     kept = list(range(stack.shape[0])) if kept is None else list(kept)
-    sub = xp.asarray(stack[kept], dtype=xp.float32)
-    nz = sub.shape[0]
-    focus = local_variance(sub, radius)
-    best = xp.argmax(focus, axis=0)
-    f0 = xp.take_along_axis(focus, best[None], 0)[0]
-    fm = xp.take_along_axis(focus, xp.clip(best - 1, 0, nz - 1)[None], 0)[0]
-    fp = xp.take_along_axis(focus, xp.clip(best + 1, 0, nz - 1)[None], 0)[0]
+    nz = len(kept)
+    best = f0 = fm = fp = prev = None
+    for i, z in enumerate(kept):
+        f = local_variance(xp.asarray(stack[z]), radius)
+        if best is None:
+            best = xp.zeros(f.shape, xp.int64)
+            f0, fm, fp = f.copy(), f.copy(), f.copy()
+        else:
+            just_after = best == i - 1
+            fp = xp.where(just_after, f, fp)                # focus one plane after the best so far
+            better = f > f0
+            fm = xp.where(better, prev, fm)
+            fp = xp.where(better, f, fp)
+            f0 = xp.where(better, f, f0)
+            best = xp.where(better, i, best)
+        prev = f
     denom = fm - 2 * f0 + fp
     frac = xp.where(denom < 0, 0.5 * (fm - fp) / xp.where(denom < 0, denom, -1), 0)
     frac = xp.where((best == 0) | (best == nz - 1), 0, xp.clip(frac, -0.5, 0.5))
@@ -89,11 +103,14 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     lo = xp.floor(index).astype(xp.int64)
     hi = xp.minimum(lo + 1, nz - 1)
     t = (index - lo).astype(xp.float32)
-    image = (1 - t) * xp.take_along_axis(sub, lo[None], 0)[0] + t * xp.take_along_axis(sub, hi[None], 0)[0]
+    image = xp.zeros(index.shape, xp.float32)
+    for i, z in enumerate(kept):                             # one plane at a time
+        plane = xp.asarray(stack[z], dtype=xp.float32)
+        image += xp.where(lo == i, (1 - t) * plane, 0) + xp.where(hi == i, t * plane, 0)
     kept_arr = xp.asarray(kept, dtype=xp.float32)
     # map the fractional index among kept planes back to the original plane numbering
     orig = xp.take(kept_arr, lo) * (1 - t) + xp.take(kept_arr, hi) * t
-    return EDFResult(image=image.astype(xp.float32), focus_index=orig.astype(xp.float32), kept_planes=kept)
+    return EDFResult(image=image, focus_index=orig.astype(xp.float32), kept_planes=kept)
 
 
 def max_projection(stack):
