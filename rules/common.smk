@@ -39,7 +39,7 @@ ACCOUNTS = config["accounts"]
 try:
     ASSIGNMENT = build_cycle_assignment(CYCLES, ACCOUNTS) if ACCOUNTS else {}
     REGISTRATION_SLOT = registration_slot(ACCOUNTS) if ACCOUNTS else None
-    if ACCOUNTS:
+    if ACCOUNTS and workflow.is_main_process:  # the coordinator asks SLURM once; jobs do not
         check_known_accounts(ACCOUNTS, user_accounts())
 except AssignmentError as exc:
     raise WorkflowError(f"plexgpu: {exc}")
