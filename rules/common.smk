@@ -29,7 +29,8 @@ except (ConfigError, RawDataError) as exc:
 R = str(EXPERIMENT.results_dir)
 CYCLES = EXPERIMENT.cycle_keys
 CHANNELS = EXPERIMENT.channels
-SPECS = {cycle_spec(EXPERIMENT, c).key: cycle_spec(EXPERIMENT, c).as_dict() for c in EXPERIMENT.cycles}
+CYCLE_SPECS = {s.key: s for s in (cycle_spec(EXPERIMENT, c) for c in EXPERIMENT.cycles)}
+SPECS = {key: spec.as_dict() for key, spec in CYCLE_SPECS.items()}  # JSON-able, passed to jobs
 DEVICE = config["compute"]["device"]
 
 # GPU-only scheduling (design §6): with accounts configured, every GPU-stage job asks SLURM
@@ -55,12 +56,12 @@ def per_channel(pattern):
 
 
 def raw_tiles(wildcards):
-    spec = SPECS[wildcards.cycle]
+    spec = CYCLE_SPECS[wildcards.cycle]
     return [
         str(p)
         for ch in CHANNELS
-        for z in range(1, EXPERIMENT.z_planes + 1)
-        for p in EXPERIMENT.tile_paths(spec["cycle"], ch, z)
+        for z in range(1, spec.z_planes + 1)
+        for p in spec.tile_paths(ch, z)
     ]
 
 

@@ -50,11 +50,6 @@ class Experiment:
     def layout(self) -> list[tuple[int, int]]:
         return grid_layout(self.rows, self.cols, self.order)
 
-    def tile_paths(self, cycle: int, channel: int, z: int) -> list[Path]:
-        """Raw files of one (cycle, channel, z-plane), in acquisition order (z from 1)."""
-        inv = self.inventories[cycle]
-        return [inv.path(self.region, t, z, channel) for t in range(1, self.n_tiles + 1)]
-
     def marker_names(self, cycle: int) -> list[str]:
         return [self.markers[(cycle, ch)] for ch in self.channels]
 
