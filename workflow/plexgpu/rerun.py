@@ -84,7 +84,7 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
         for r in slurm.sacct_jobs(start="now-7days"):
             if belongs(r, prefix, workdir):
                 key = slurm.parse_comment(r["Comment"])
-                if key not in history or r["JobID"] > history[key]["JobID"]:
+                if key not in history or int(r["JobID"]) > int(history[key]["JobID"]):
                     history[key] = r
     incomplete = incomplete_outputs(workdir)
     out = []
