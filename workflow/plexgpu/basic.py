@@ -105,7 +105,8 @@ class _Problems:
     S (through its DCT), per-tile baseline B, sparse residual I_R.
     """
 
-    STATE = ("Im", "W", "lam_f", "init_mu", "im_norm", "S_hat", "I_R", "B", "Y", "mu", "iterations")
+    STATE = ("Im", "Im_mean_tiles", "Im_mean_pixels", "W", "lam_f", "init_mu", "im_norm", "S_hat", "I_R", "B",
+             "Y", "mu", "iterations")
 
     def __init__(self, xp, Im, params: BasicParams, lam_f):
         self.xp, self.Im, self.p = xp, Im, params
@@ -116,7 +117,10 @@ class _Problems:
         self.init_mu = 12.5 / xp.sqrt(xp.linalg.eigvalsh(gram)[:, -1])
         self.im_norm = xp.sqrt((flat ** 2).sum(axis=(1, 2)))
         self.lam_f = lam_f
+        self.Im_mean_tiles = Im.mean(axis=1)                              # (b, h, w): constant
+        self.Im_mean_pixels = Im.mean(axis=(2, 3), dtype=xp.float64)      # (b, n): constant
         self.W = xp.ones_like(Im)
+        self._scratch()
         for name in ("S_hat", "I_R", "B", "Y", "mu", "iterations"):
             setattr(self, name, None)
         self.restart(xp.arange(b))
@@ -140,32 +144,56 @@ class _Problems:
         self.mu[rows] = self.init_mu[rows]
         self.iterations[rows] = 0
 
+    def _scratch(self) -> None:
+        """Two work arrays the size of Im, reused by every step (no temporaries per step)."""
+        self.X, self.T = self.xp.empty_like(self.Im), self.xp.empty_like(self.Im)
+
     def take(self, keep) -> None:
         for name in self.STATE:
             setattr(self, name, getattr(self, name)[keep])
+        self._scratch()
 
     def step(self):
-        """One ADMM iteration of every problem; returns the relative residual per problem."""
-        xp, Im, f32 = self.xp, self.Im, self.Im.dtype
-        inv_mu = (1.0 / self.mu).astype(f32)[:, None, None, None]
-        Y_mu = self.Y * inv_mu
+        """One ADMM iteration of every problem; returns the relative residual per problem.
+
+        Written with the tile-mean identities (mean over tiles of S * B = S * mean(B); per-tile
+        means of Im - I_R from constant means of Im) and two reused work arrays, so a step makes
+        few passes over the (b, n, y, x) data and allocates nothing that size."""
+        xp, Im, f32, X, T = self.xp, self.Im, self.Im.dtype, self.X, self.T
+        inv_mu = (1.0 / self.mu).astype(f32)
+        inv_mu4 = inv_mu[:, None, None, None]
         S = _idct2(xp, self.S_hat)
-        I_B = S[:, None] * self.B[:, :, None, None]
-        temp_W = (Im - self.I_R - I_B + Y_mu).mean(axis=1)
+        # mean over tiles of (Im - I_R - S B + Y / mu)
+        temp_W = (self.Im_mean_tiles - self.I_R.mean(axis=1) + self.Y.mean(axis=1) * inv_mu[:, None, None]
+                  - S * self.B.mean(axis=1)[:, None, None])
         thr_f = (self.lam_f / self.mu).astype(f32)[:, None, None]
         self.S_hat = _soft(self.S_hat + _dct2(xp, temp_W), thr_f)
         S = _idct2(xp, self.S_hat)
-        I_B = S[:, None] * self.B[:, :, None, None]
-        self.I_R = _soft(Im - I_B + Y_mu, self.W * inv_mu)
-        R = Im - self.I_R
-        mean_R = R.mean(axis=(1, 2, 3), dtype=xp.float64)
-        B = R.mean(axis=(2, 3), dtype=xp.float64) / mean_R[:, None]
+        # I_R = shrink(Im - S B + Y / mu, W / mu) = sign(X) max(|X| - W / mu, 0)
+        xp.multiply(self.Y, inv_mu4, out=X)
+        X += Im
+        xp.multiply(S[:, None], self.B[:, :, None, None], out=T)
+        X -= T
+        xp.multiply(self.W, inv_mu4, out=T)
+        xp.abs(X, out=self.I_R)
+        self.I_R -= T
+        xp.maximum(self.I_R, 0, out=self.I_R)
+        xp.copysign(self.I_R, X, out=self.I_R)
+        # baselines: per-tile means of R = Im - I_R over their mean
+        tile_means = self.Im_mean_pixels - self.I_R.mean(axis=(2, 3), dtype=xp.float64)
+        B = tile_means / tile_means.mean(axis=1, keepdims=True)
         self.B = xp.maximum(B, 0).astype(f32)
-        resid = R - S[:, None] * self.B[:, :, None, None]
-        self.Y += self.mu.astype(f32)[:, None, None, None] * resid
+        # residual Im - I_R - S B; Y += mu * residual
+        xp.subtract(Im, self.I_R, out=X)
+        xp.multiply(S[:, None], self.B[:, :, None, None], out=T)
+        X -= T
+        xp.square(X, out=T)
+        resid = xp.sqrt(T.sum(axis=(1, 2, 3), dtype=xp.float64)) / self.im_norm
+        X *= self.mu.astype(f32)[:, None, None, None]
+        self.Y += X
         self.mu = xp.minimum(self.mu * RHO, self.init_mu * MAX_MU_COEF)
         self.iterations += 1
-        return xp.sqrt((resid * resid).sum(axis=(1, 2, 3), dtype=xp.float64)) / self.im_norm
+        return resid
 
     def flatfield(self, j):
         """Flatfield (mean 1) of problem ``j`` after its inner loop."""
