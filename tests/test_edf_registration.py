@@ -29,7 +29,8 @@ def test_edf_matches_sharp_truth_and_beats_max_projection(synth, xp):
     c_oracle = _corr(oracle, sharp)
     print(f"EDF correlation with the in-focus truth {c_edf:.4f}, oracle plane choice {c_oracle:.4f}, "
           f"max projection {c_max:.4f}")
-    assert c_edf >= 0.995 and c_edf >= c_oracle - 0.002 and c_edf > c_max
+    # better than the best single plane per pixel (interpolation through focus), far above a max projection
+    assert c_edf >= 0.997 and c_edf > c_oracle and c_edf > c_max
     # the focus map follows the true depth
     tissue = synth.tissue[:depth.shape[0], :depth.shape[1]] > 0.9
     err = np.abs(xpmod.to_host(res.focus_index) - depth)[tissue]
