@@ -14,7 +14,7 @@ from plexgpu.experiment import resolve_experiment
 from plexgpu.io.raw import RawDataError, find_cycle_dirs, grid_layout, tile_filename
 
 
-def _write_cycle(folder, tiles=4, z=2, channels=(1, 2), region=1, shape=(8, 8)):
+def _write_cycle(folder, tiles=4, z=3, channels=(1, 2), region=1, shape=(8, 8)):
     folder.mkdir(parents=True)
     for t in range(1, tiles + 1):
         for zz in range(1, z + 1):
@@ -63,7 +63,7 @@ def test_missing_tile_named(tmp_path):
 
 def test_many_missing_shows_first_and_count(tmp_path):
     _write_cycle(tmp_path / "cyc001_reg001", tiles=1)
-    with pytest.raises(RawDataError, match="12 tile file\\(s\\) missing, first: 1_00002_Z001_CH1.tif"):
+    with pytest.raises(RawDataError, match="18 tile file\\(s\\) missing, first: 1_00002_Z001_CH1.tif"):
         resolve_experiment(_config(tmp_path))
 
 
@@ -86,6 +86,12 @@ def test_shape_mismatch_and_corrupt_header(tmp_path):
         resolve_experiment(_config(tmp_path), read_headers=True)
 
 
+def test_too_few_z_planes_refused_before_any_job(tmp_path):
+    _write_cycle(tmp_path / "cyc001_reg001", z=2)
+    with pytest.raises(RawDataError, match="2 z-plane\\(s\\) per tile; extended depth of field needs at least 3"):
+        resolve_experiment(_config(tmp_path))
+
+
 def test_grid_orders():
     assert grid_layout(2, 3, "rows") == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     assert grid_layout(2, 3, "snake") == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0)]
@@ -96,10 +102,10 @@ def test_metadata_fills_what_config_leaves_out(tmp_path):
     _write_cycle(tmp_path / "cyc002_reg001", tiles=6)
     (tmp_path / "experiment.json").write_text(json.dumps({
         "numCycles": 2, "regionWidth": 3, "regionHeight": 2, "tileOverlapX": 30,
-        "xyResolution": 377.44, "zPitch": 1500, "numZPlanes": 2,
+        "xyResolution": 377.44, "zPitch": 1500, "numZPlanes": 3,
         "channelNames": {"channelNamesArray": ["DAPI", "CD3", "DAPI", "CD20"]}}))
     exp = resolve_experiment(validate_config({"raw_dir": str(tmp_path), "grid": {"cols": 3}}))
-    assert (exp.rows, exp.cols, exp.overlap, exp.z_planes) == (2, 3, 0.3, 2)
+    assert (exp.rows, exp.cols, exp.overlap, exp.z_planes) == (2, 3, 0.3, 3)
     assert exp.pixel_size_um == pytest.approx(0.37744) and exp.z_step_um == 1.5
     assert exp.marker_names(2) == ["DAPI", "CD20"]
     # config wins over metadata

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .edf import MIN_PLANES
 from .io.metadata import read_experiment_json, read_marker_file
 from .io.raw import (CycleInventory, RawDataError, check_headers, cycle_key, grid_layout,
                      inventory_cycle, select_cycle_dirs)
@@ -112,6 +113,9 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
         channels = list(inv.channels)
         z_planes = inv.z_planes
         inventories[c] = inv
+    if z_planes < MIN_PLANES:
+        raise RawDataError(f"{dirs[cycles[0]]}: {z_planes} z-plane(s) per tile; extended depth of field needs "
+                           f"at least {MIN_PLANES} (grid.z_planes / experiment.json)")
     markers = _resolve_markers(config, meta, raw_dir, cycles, channels)
     emission = dict(DEFAULT_EMISSION_NM)
     emission.update({int(k): float(v) for k, v in optics.get("emission_nm", {}).items()})
