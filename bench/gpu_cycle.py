@@ -79,7 +79,9 @@ def main(argv=None) -> dict:
     kernel = psf.psf(o, *psf.default_half_size(o, nz))
     decon = []
     for s in stacks:
-        decon.append(xpmod.to_device(deconvolution.deconvolve(xpmod.to_host(s), kernel, args.iterations, 2048, xp=xp), xp))
+        shape = tuple(s.shape)  # chunks sized as the deconvolve stage does (budget from free device memory)
+        chunk = deconvolution.chunk_for_budget(shape, kernel.shape, deconvolution.memory_budget(xp, shape), 2048)
+        decon.append(xpmod.to_device(deconvolution.deconvolve(xpmod.to_host(s), kernel, args.iterations, chunk, xp=xp), xp))
         mark()
     times["deconvolve_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()

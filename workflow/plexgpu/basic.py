@@ -314,4 +314,4 @@ def to_uint16(img) -> tuple[object, int, int]:
     xp = xpmod.array_module(img)
     r = xp.rint(img)
     below, above = int((r < 0).sum()), int((r > 65535).sum())
-    return xp.clip(r, 0, 65535).astype(xp.uint16), below, above
+    return xp.clip(r, 0, 65535, out=r).astype(xp.uint16), below, above

@@ -13,6 +13,10 @@ import numpy as np
 from . import xp as xpmod
 
 EPS = 1e-12
+RL_BUFFERS = 6           # padded float32-sized arrays alive during an RL iteration (data, estimate,
+                         # OTF, one real and one complex temporary, FFT scratch)
+MIN_CHUNK_PX = 64
+CPU_MIN_BUDGET = 256 * 2**20
 
 
 def _fast_shape(shape) -> tuple[int, ...]:
@@ -31,6 +35,25 @@ def _otf(xp, psf, shape):
     return fft.rfftn(big)
 
 
+def _layout(shape: tuple[int, ...], psf_shape: tuple[int, ...]) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+    """FFT shape and mirror padding RL uses for a ZYX piece.
+
+    Y, X: mirror-extended by the PSF half size, then up to fast FFT lengths. Z: where the PSF
+    reaches at most the stack's depth, the stack and its mirror image make exactly one period
+    (2 nz planes): circular convolution then *is* convolution of the infinitely mirrored stack,
+    with a third less work and memory than padding by the PSF half depth on both sides.
+    """
+    halo = [s // 2 for s in psf_shape]
+    need = [n + 2 * h for n, h in zip(shape, halo)]
+    fast = list(_fast_shape(need))
+    pads = [(h, h + f - n) for h, f, n in zip(halo, fast, need)]
+    pads = [(min(a, s - 1), b) if s > 1 else (0, a + b) for (a, b), s in zip(pads, shape)]
+    nz = shape[0]
+    if 1 < nz and halo[0] <= nz - 1:
+        fast[0], pads[0] = 2 * nz, (0, nz)
+    return tuple(fast), pads
+
+
 def richardson_lucy(image, psf, iterations: int, workers: int | None = None):
     """RL of a ZYX stack (host or device) with a ZYX PSF (sum 1); returns float32 on the same device."""
     xp = xpmod.array_module(image)
@@ -41,56 +64,110 @@ def richardson_lucy(image, psf, iterations: int, workers: int | None = None):
         return img.copy()
     if img.ndim != 3 or psf.ndim != 3:
         raise ValueError(f"richardson_lucy needs ZYX image and PSF, got {img.shape} and {psf.shape}")
-    # mirror-extend by the PSF half size, then up to fast FFT lengths
-    halo = [s // 2 for s in psf.shape]
-    need = [n + 2 * h for n, h in zip(img.shape, halo)]
-    fast = _fast_shape(need)
-    pads = [(h, h + f - n) for h, f, n in zip(halo, fast, need)]
-    pads = [(min(a, s - 1), b) if s > 1 else (0, a + b) for (a, b), s in zip(pads, img.shape)]
+    fast, pads = _layout(img.shape, psf.shape)
     work = xp.pad(img, pads, mode="symmetric")
     if work.shape != fast:  # a dimension of 1 cannot mirror: pad with edge values
         work = xp.pad(work, [(0, f - s) for f, s in zip(fast, work.shape)], mode="edge")
     otf = _otf(xp, psf, fast)
-    otf_conj = xp.conj(otf)
     estimate = xp.full(fast, float(work.mean()), xp.float32)
     floor = max(EPS, 1e-6 * float(xp.abs(work).mean()))  # float32 FFT round-off must not explode a ratio
-    for _ in range(iterations):
-        blurred = fft.irfftn(fft.rfftn(estimate, **kw) * otf, s=fast, **kw)
-        ratio = work / xp.maximum(blurred, floor)
-        estimate *= fft.irfftn(fft.rfftn(ratio, **kw) * otf_conj, s=fast, **kw)
+    for _ in range(iterations):                          # in place where possible: memory is the limit
+        spectrum = fft.rfftn(estimate, **kw)
+        spectrum *= otf
+        blurred = fft.irfftn(spectrum, s=fast, **kw)
+        del spectrum
+        xp.maximum(blurred, floor, out=blurred)
+        xp.divide(work, blurred, out=blurred)            # now the ratio data / blurred estimate
+        spectrum = fft.rfftn(blurred, **kw)
+        del blurred
+        xp.conjugate(spectrum, out=spectrum)             # correlation with the PSF: conj(conj(F) * OTF),
+        spectrum *= otf                                  # without keeping a conjugate OTF
+        xp.conjugate(spectrum, out=spectrum)
+        estimate *= fft.irfftn(spectrum, s=fast, **kw)
+        del spectrum
     sl = tuple(slice(a, a + n) for (a, _), n in zip(pads, img.shape))
     return estimate[sl].astype(xp.float32)
 
 
+def padded_shape(shape: tuple[int, int, int], psf_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """FFT shape RL works on for a ZYX piece (see ``_layout``)."""
+    return _layout(shape, psf_shape)[0]
+
+
+def working_bytes(shape: tuple[int, int, int], psf_shape: tuple[int, ...]) -> int:
+    """Estimated peak memory of RL on one ZYX piece."""
+    return RL_BUFFERS * 4 * int(np.prod(padded_shape(shape, psf_shape)))
+
+
+def memory_budget(xp, stack_shape: tuple[int, ...]) -> float:
+    """Bytes one chunk's RL may use. GPU: half the free device memory. CPU: one float32 copy of
+    the stack (at least CPU_MIN_BUDGET), so with input and output streamed from and to disk the
+    job stays within two stacks of host memory."""
+    free = xpmod.free_device_bytes(xp)
+    if free is not None:
+        return 0.5 * free
+    return max(CPU_MIN_BUDGET, 4.0 * float(np.prod(stack_shape)))
+
+
+def default_halo(psf_shape: tuple[int, ...]) -> int:
+    """Halo around each XY chunk: three PSF half-widths. Measured seams (max, relative to the
+    peak): 2.4e-5 at 10 and 4.7e-5 at 25 iterations, as with four; two give 4.8e-4."""
+    return 3 * (psf_shape[1] // 2)
+
+
+def piece_shape(shape: tuple[int, int, int], chunk_px: int, halo_px: int) -> tuple[int, int, int]:
+    """Largest ZYX piece RL works on when ``shape`` is cut into XY chunks with halos."""
+    z, h, w = shape
+    return (z,) + tuple(min(n, max(wr.stop - wr.start for _, wr, _ in chunk_slices(n, chunk_px, 0)) + 2 * halo_px)
+                        for n in (h, w))
+
+
+def chunk_for_budget(shape: tuple[int, int, int], psf_shape: tuple[int, ...], budget_bytes: float,
+                     max_chunk_px: int, halo_px: int | None = None) -> int:
+    """Largest XY chunk (<= max_chunk_px, >= MIN_CHUNK_PX) whose RL piece, halo included, fits the budget."""
+    halo = default_halo(psf_shape) if halo_px is None else halo_px
+    chunk = min(max_chunk_px, max(shape[1:]))
+    while chunk > MIN_CHUNK_PX and working_bytes(piece_shape(shape, chunk, halo), psf_shape) > budget_bytes:
+        chunk = max(MIN_CHUNK_PX, int(chunk * 0.9))
+    return chunk
+
+
 def chunk_slices(size: int, chunk: int, halo: int) -> list[tuple[slice, slice, slice]]:
-    """(read, write, keep) slices along one axis: read with halo, write into output, keep within read."""
+    """(read, write, keep) slices along one axis: ``size`` split into equal chunks of at most
+    ``chunk``; read with halo, write into output, keep within read."""
+    n = -(-size // chunk)
+    bounds = [round(i * size / n) for i in range(n + 1)]
     out = []
-    for start in range(0, size, chunk):
-        stop = min(size, start + chunk)
+    for start, stop in zip(bounds[:-1], bounds[1:]):
         r0, r1 = max(0, start - halo), min(size, stop + halo)
         out.append((slice(r0, r1), slice(start, stop), slice(start - r0, stop - r0)))
     return out
 
 
 def deconvolve(stack, psf, iterations: int, chunk_px: int, halo_px: int | None = None,
-               xp=None, workers: int | None = None, progress=None):
-    """RL of a (host) ZYX stack in overlapping XY chunks on the backend ``xp``; returns host float32.
+               xp=None, workers: int | None = None, progress=None, out=None):
+    """RL of a ZYX stack in overlapping XY chunks on the backend ``xp``.
 
-    ``halo_px`` defaults to four PSF half-widths; ``progress(done, total)`` is called per chunk.
+    ``stack``: anything sliceable as ``stack[:, ys, xs]`` (an array, or an ``io.tiff.StackReader``
+    that reads only that region); ``out``: anything assignable the same way (default: a new host
+    float32 array; an ``io.tiff.OmeStackWriter`` writes each chunk to disk as it is done).
+    ``halo_px`` defaults to ``default_halo``; ``progress(done, total)`` is called per chunk.
     """
     xp = xp or np
-    stack = np.asarray(stack)
     if halo_px is None:
-        halo_px = 4 * (psf.shape[1] // 2)
+        halo_px = default_halo(psf.shape)
     z, h, w = stack.shape
-    out = np.empty((z, h, w), np.float32)
+    if out is None:
+        out = np.empty((z, h, w), np.float32)
     ys, xs = chunk_slices(h, chunk_px, halo_px), chunk_slices(w, chunk_px, halo_px)
     total, done = len(ys) * len(xs), 0
     for ry, wy, ky in ys:
         for rx, wx, kx in xs:
-            piece = xpmod.to_device(np.ascontiguousarray(stack[:, ry, rx]), xp)
+            piece = xpmod.to_device(np.ascontiguousarray(stack[:, ry, rx], dtype=np.float32), xp)
             res = richardson_lucy(piece, psf, iterations, workers)
+            del piece
             out[:, wy, wx] = xpmod.to_host(res[:, ky, kx])
+            del res
             done += 1
             if progress:
                 progress(done, total)

@@ -18,7 +18,7 @@ from . import basic, deconvolution, edf, psf, registration, stitching
 from . import xp as xpmod
 from .experiment import CycleSpec
 from .io.raw import RawDataError
-from .io.tiff import read_tiff, write_ome, write_pyramidal_ome, write_text_atomic
+from .io.tiff import StackReader, ome_writer, read_tiff, write_ome, write_pyramidal_ome, write_text_atomic
 from .job import JobContext
 
 log = logging.getLogger("plexgpu")
@@ -48,15 +48,17 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     planes = [(ch, z) for ch in spec.channels for z in range(1, spec.z_planes + 1)]
     t0 = time.perf_counter()
     advance = ctx.progress(f"{spec.key} read + resize {len(planes)} planes", len(planes))
-    small, ref_tiles, tile_shape = [], None, None
-    for ch, z in planes:
+    small, ref_tiles, tile_shape = None, None, None
+    for i, (ch, z) in enumerate(planes):
         tiles = _read_plane(ctx, spec, ch, z)
         tile_shape = tile_shape or tiles[0].shape
         if tiles[0].shape != tile_shape:
             raise RawDataError(f"{spec.tile_paths(ch, z)[0]}: shape {tiles[0].shape} differs from {tile_shape} "
                                f"of CH{planes[0][0]} Z{planes[0][1]:03d}; one shape per cycle")
-        dev = xp.stack([xpmod.to_device(t, xp) for t in tiles])
-        small.append(basic.downsample(dev, params.working_size))
+        resized = basic.downsample(xp.stack([xpmod.to_device(t, xp) for t in tiles]), params.working_size)
+        if small is None:  # filled in place: one batch array, no list + stacked copy
+            small = xp.empty((len(planes),) + tuple(resized.shape), xp.float32)
+        small[i] = resized
         if (ch, z) == (ref_ch, ref_z):
             ref_tiles = tiles
         advance()
@@ -64,7 +66,8 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     if spec.rows * spec.cols < basic.MIN_TILES_ADVISED:
         log.warning("BaSiC: only %d tiles per plane; below ~%d the flatfield can carry specimen structure "
                     "(see qc/stitch)", spec.rows * spec.cols, basic.MIN_TILES_ADVISED)
-    fit = basic.fit_batch(xp.stack(small), params, workers=ctx.workers)
+    fit = basic.fit_batch(small, params, workers=ctx.workers)
+    del small
     xpmod.synchronize(xp)
     t_fit = time.perf_counter() - t0 - t_read
     log.info("BaSiC: %d planes (channels x z) fitted in one batch in %.2f s; ADMM iterations per plane %d-%d",
@@ -78,6 +81,7 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     flat, dark = profiles(ref_ch, ref_z)
     corrected = [basic.correct(xpmod.to_device(t, xp), flat, dark) for t in ref_tiles]
     model = stitching.compute_model(corrected, spec.layout, spec.overlap, stitch_cfg.get("max_shift_px"))
+    del corrected
     n_ok = sum(p.accepted for p in model.pairs)
     log.info("stitching model from CH%d Z%03d: %d of %d pairs accepted (threshold %.1f), mosaic %s",
              ref_ch, ref_z, n_ok, len(model.pairs), model.threshold, model.mosaic_shape)
@@ -90,23 +94,25 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     recorded: dict = {}
     advance = ctx.progress(f"{spec.key} correct + blend", len(planes))
     for ch in spec.channels:
-        mosaic = np.empty((spec.z_planes,) + model.mosaic_shape, np.uint16)
         prof = np.empty((spec.z_planes, 2) + tuple(tile_shape), np.float32)
         below = above = 0
-        for z in range(1, spec.z_planes + 1):
-            flat, dark = profiles(ch, z)
-            tiles = _read_plane(ctx, spec, ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
-            recorded.setdefault(str(ch), {})[str(z)] = raw_plane_stats(tiles)
-            plane = stitching.blend([basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles], model)
-            u16, lo, hi = basic.to_uint16(plane)
-            below, above = below + lo, above + hi
-            mosaic[z - 1] = xpmod.to_host(u16)
-            prof[z - 1, 0], prof[z - 1, 1] = xpmod.to_host(flat), xpmod.to_host(dark)
-            advance()
+        with ome_writer(out["stitched"][ch], (spec.z_planes,) + model.mosaic_shape, np.uint16, "ZYX",
+                        spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)]) as mosaic:  # plane by plane
+            for z in range(1, spec.z_planes + 1):
+                flat, dark = profiles(ch, z)
+                tiles = _read_plane(ctx, spec, ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
+                recorded.setdefault(str(ch), {})[str(z)] = raw_plane_stats(tiles)
+                plane = stitching.blend((basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles), model)
+                del tiles
+                u16, lo, hi = basic.to_uint16(plane)
+                del plane
+                below, above = below + lo, above + hi
+                mosaic[z - 1] = xpmod.to_host(u16)
+                prof[z - 1, 0], prof[z - 1, 1] = xpmod.to_host(flat), xpmod.to_host(dark)
+                advance()
         saturated[ch] = above
         log.info("CH%d: %d pixels above 65535 saturated, %d below 0 after dark subtraction set to 0 "
-                 "(of %d)", ch, above, below, mosaic.size)
-        write_ome(out["stitched"][ch], mosaic, "ZYX", spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)])
+                 "(of %d)", ch, above, below, spec.z_planes * model.mosaic_shape[0] * model.mosaic_shape[1])
         write_ome(out["profiles"][ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"])
     write_text_atomic(out["planes"], json.dumps({"recorded": recorded, "saturated_after_correction": saturated},
                                                  indent=1))
@@ -132,24 +138,33 @@ def optics_for(spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, channel: int)
 
 
 def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, inputs: dict, out: dict):
-    """Richardson-Lucy per channel with a PSF from the optics; float32, flux kept."""
+    """Richardson-Lucy per channel with a PSF from the optics; float32, flux kept.
+
+    Streamed: each XY chunk is read from the stitched stack and its result written straight
+    into the output file, so host memory holds one chunk's work, not the stacks."""
     for ch in spec.channels:
-        stack = read_tiff(inputs[ch]).astype(np.float32)
-        if stack.ndim == 2:
-            stack = stack[None]
+        stack = StackReader(inputs[ch])       # ZYX: at least MIN_PLANES planes (checked with the raw data)
+        shape = stack.shape
         o = optics_for(spec, optics_cfg, decon_cfg, ch)
-        hz, hxy = psf.default_half_size(o, stack.shape[0])
+        hz, hxy = psf.default_half_size(o, shape[0])
         kernel = psf.psf(o, hz, hxy)
-        chunk = decon_cfg["chunk_px"]
-        n_chunks = -(-stack.shape[1] // chunk) * -(-stack.shape[2] // chunk)
+        budget = deconvolution.memory_budget(ctx.xp, shape)
+        chunk = deconvolution.chunk_for_budget(shape, kernel.shape, budget, decon_cfg["chunk_px"])
+        halo = deconvolution.default_halo(kernel.shape)
+        n_chunks = len(deconvolution.chunk_slices(shape[1], chunk, 0)) * len(deconvolution.chunk_slices(shape[2], chunk, 0))
+        log.info("CH%d: %s stack in %d chunks of <= %d px (halo %d px; RL work per chunk <= %.0f MB, budget %.0f MB)",
+                 ch, shape, n_chunks, chunk, halo, deconvolution.working_bytes(
+                     deconvolution.piece_shape(shape, chunk, halo), kernel.shape) / 2**20, budget / 2**20)
         advance = ctx.progress(f"{spec.key} CH{ch} RL x{decon_cfg['iterations']}", n_chunks)
         t0 = time.perf_counter()
-        result = deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp,
-                                          workers=ctx.workers, progress=lambda d, t: advance())
+        with ome_writer(out[ch], shape, np.float32, "ZYX", spec.pixel_size_um, spec.z_step_um,
+                        [spec.marker(ch)]) as result:
+            deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp, workers=ctx.workers,
+                                     progress=lambda d, t: advance(), out=result)
+            flux_in = stack.sum()
         log.info("CH%d: PSF %s (%s, %.0f nm), %d iterations in %.1f s, flux ratio %.4f", ch, kernel.shape,
                  o.model, o.emission_nm, decon_cfg["iterations"], time.perf_counter() - t0,
-                 float(result.sum(dtype=np.float64) / max(stack.sum(dtype=np.float64), 1e-12)))
-        write_ome(out[ch], result, "ZYX", spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)])
+                 result.sum / max(flux_in, 1e-12))
 
 
 # ----------------------------------------------------------------------------- edf
@@ -162,10 +177,8 @@ def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, deconvolved:
         kept, dropped = edf.quality_gate(stats, label=f"{spec.key} CH{ch}: ")
         for z, why in dropped.items():
             log.warning("CH%d: z-plane %d dropped from EDF: %s", ch, z + 1, why)
-        stack = read_tiff(deconvolved[ch])
-        stack = stack[None] if stack.ndim == 2 else stack
-        res = edf.extended_depth_of_field(xpmod.to_device(stack.astype(np.float32), ctx.xp),
-                                          edf_cfg["radius"], edf_cfg["sigma"], kept)
+        stack = StackReader(deconvolved[ch])             # read plane by plane, never whole
+        res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp)
         write_ome(out[ch], xpmod.to_host(res.image), "YX", spec.pixel_size_um, None, [spec.marker(ch)])
         write_ome(focus_out[ch], xpmod.to_host(res.focus_index), "YX", spec.pixel_size_um, None,
                   ["focus index"])
@@ -186,7 +199,7 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
     ref_ch = reg_cfg["reference_channel"]
     reference = xpmod.to_device(read_tiff(inputs[ref_key][ref_ch]).astype(np.float32), xp)
     shape = tuple(reference.shape)
-    shifts, names, planes = [], [], []
+    shifts, names, registered = [], [], []
     advance = ctx.progress("register cycles", len(specs))
     for spec in specs:
         moving = xpmod.to_device(read_tiff(inputs[spec.key][ref_ch]).astype(np.float32), xp)
@@ -201,7 +214,7 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
             img = moving if ch == ref_ch else xpmod.to_device(read_tiff(inputs[spec.key][ch]).astype(np.float32), xp)
             reg = xpmod.to_host(registration.apply_shift(img, s, shape))
             write_ome(out["registered"][spec.key][ch], reg, "YX", spec.pixel_size_um, None, [spec.marker(ch)])
-            planes.append(reg)
+            registered.append(out["registered"][spec.key][ch])
             names.append(spec.marker(ch))
         advance()
     buf = io.StringIO()
@@ -210,8 +223,9 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
     for s in shifts:
         w.writerow([s.cycle, f"{s.dy:.3f}", f"{s.dx:.3f}", "reference" if s.cycle == ref_key else f"{s.significance:.2f}"])
     write_text_atomic(out["shifts"], buf.getvalue())
-    levels = write_pyramidal_ome(out["plex"], np.stack(planes), names, by_key[ref_key].pixel_size_um)
-    log.info("plex.ome.tif: %d channels, %d pyramid levels", len(planes), levels)
+    levels = write_pyramidal_ome(out["plex"], lambda c: read_tiff(registered[c]), len(registered), names,
+                                 by_key[ref_key].pixel_size_um)           # one plane in memory at a time
+    log.info("plex.ome.tif: %d channels, %d pyramid levels", len(registered), levels)
     return shifts
 
 

@@ -17,6 +17,8 @@ to every channel and plane.
 
 from __future__ import annotations
 
+import itertools
+
 import csv
 import io
 from dataclasses import dataclass, field
@@ -235,15 +237,21 @@ def ramp_weights(xp, tile_shape: tuple[int, int], ramp: int):
 
 
 def blend(tiles, model: StitchModel, ramp: int | None = None):
-    """Mosaic of one plane: tiles placed at the model's positions, overlaps feathered."""
-    xp = xpmod.array_module(tiles[0])
+    """Mosaic of one plane: tiles placed at the model's positions, overlaps feathered.
+
+    ``tiles`` may be any iterable in acquisition order (a generator keeps one tile in memory)."""
+    tiles = iter(tiles)
+    first = next(tiles)
+    xp = xpmod.array_module(first)
     h, w = model.tile_shape
     if ramp is None:
         ramp = max(1, min(h, w) // 8)
     weights = ramp_weights(xp, (h, w), ramp)
     acc = xp.zeros(model.mosaic_shape, xp.float32)
     wsum = xp.zeros(model.mosaic_shape, xp.float32)
-    for tile, (y, x) in zip(tiles, model.placement):
+    for tile, (y, x) in zip(itertools.chain([first], tiles), model.placement):
         acc[y:y + h, x:x + w] += tile.astype(xp.float32) * weights
         wsum[y:y + h, x:x + w] += weights
-    return xp.where(wsum > 0, acc / xp.maximum(wsum, 1e-12), 0).astype(xp.float32)
+    xp.maximum(wsum, 1e-12, out=wsum)     # where no tile reaches, acc is 0 and stays 0
+    acc /= wsum
+    return acc

@@ -102,3 +102,11 @@ def synchronize(xp: ModuleType) -> None:
     """Wait for queued GPU work (for honest timings); no-op on NumPy."""
     if is_cupy(xp):
         xp.cuda.Stream.null.synchronize()
+
+
+def free_device_bytes(xp: ModuleType) -> int | None:
+    """Free memory of the current GPU plus what CuPy's pool holds for reuse; None on NumPy."""
+    if not is_cupy(xp):
+        return None
+    free, _total = xp.cuda.Device().mem_info
+    return int(free + xp.get_default_memory_pool().free_bytes())

@@ -63,19 +63,19 @@ def write_tiff(path: str | Path, data: np.ndarray, **kwargs) -> None:
         tifffile.imwrite(tmp, data, **kwargs)
 
 
-def _ome_uuid(path: str | Path, data: np.ndarray) -> str:
-    """A UUID fixed by the file's name and content: the same result gives the same bytes."""
-    import hashlib
+_UUID_PLACEHOLDER = "urn:uuid:00000000-0000-0000-0000-000000000000"   # same length as every UUID
+
+
+def _ome_uuid(path: str | Path, digest: str) -> str:
+    """A UUID fixed by the file's name and the SHA-1 of its pixels: the same result gives the same bytes."""
     import uuid
 
-    digest = hashlib.sha1(np.ascontiguousarray(data).view(np.uint8).ravel()).hexdigest()
     return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'plexgpu/{Path(path).name}/{digest}')}"
 
 
-def write_ome(path: str | Path, data: np.ndarray, axes: str, pixel_size_um: float | None = None,
-              z_step_um: float | None = None, channel_names: list[str] | None = None) -> None:
-    """OME-TIFF with physical sizes, atomically."""
-    metadata: dict = {"axes": axes, "UUID": _ome_uuid(path, data)}
+def _ome_metadata(axes: str, pixel_size_um: float | None, z_step_um: float | None,
+                  channel_names: list[str] | None) -> dict:
+    metadata: dict = {"axes": axes, "UUID": _UUID_PLACEHOLDER}
     if pixel_size_um:
         metadata.update(PhysicalSizeX=pixel_size_um, PhysicalSizeXUnit="µm",
                         PhysicalSizeY=pixel_size_um, PhysicalSizeYUnit="µm")
@@ -83,33 +83,168 @@ def write_ome(path: str | Path, data: np.ndarray, axes: str, pixel_size_um: floa
         metadata.update(PhysicalSizeZ=z_step_um, PhysicalSizeZUnit="µm")
     if channel_names:
         metadata["Channel"] = {"Name": list(channel_names)}
-    with atomic_path(path) as tmp:
-        tifffile.imwrite(tmp, data, ome=True, metadata=metadata, photometric="minisblack")
+    return metadata
 
 
-def write_pyramidal_ome(path: str | Path, data: np.ndarray, channel_names: list[str],
-                        pixel_size_um: float, min_size: int = 128) -> int:
-    """CYX pyramidal OME-TIFF (reduced levels in SubIFDs), readable by Bio-Formats.
+class OmeStackWriter:
+    """An uncompressed OME-TIFF filled region by region (``writer[index] = array``).
 
-    Returns the number of levels written.
+    Each write maps the file only for that call, so only the region being written is
+    resident: a stack larger than memory can be produced chunk by chunk. ``sum`` is the
+    float64 total of everything written (flux bookkeeping).
     """
-    levels = [data]
-    while min(levels[-1].shape[-2:]) // 2 >= min_size:
-        prev = levels[-1]
-        h, w = (prev.shape[-2] // 2) * 2, (prev.shape[-1] // 2) * 2
-        levels.append(prev[:, :h, :w].reshape(prev.shape[0], h // 2, 2, w // 2, 2).mean(axis=(2, 4))
-                      .astype(data.dtype))
+
+    def __init__(self, path: Path, shape: tuple[int, ...], dtype, offset: int):
+        self.path, self.shape, self.dtype, self.offset = path, tuple(shape), np.dtype(dtype), offset
+        self.sum = 0.0
+
+    def __setitem__(self, index, value) -> None:
+        mm = np.memmap(self.path, self.dtype, "r+", self.offset, self.shape)
+        mm[index] = value
+        mm.flush()
+        del mm
+        self.sum += float(np.asarray(value).sum(dtype=np.float64))
+
+    def pixels_sha1(self, block: int = 1 << 26) -> str:
+        import hashlib
+
+        h = hashlib.sha1()
+        left = int(np.prod(self.shape)) * self.dtype.itemsize
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            while left:
+                buf = fh.read(min(block, left))
+                if not buf:
+                    raise OSError(f"{self.path}: truncated while hashing")
+                h.update(buf)
+                left -= len(buf)
+        return h.hexdigest()
+
+
+@contextmanager
+def ome_writer(path: str | Path, shape: tuple[int, ...], dtype, axes: str, pixel_size_um: float | None = None,
+               z_step_um: float | None = None, channel_names: list[str] | None = None) -> Iterator[OmeStackWriter]:
+    """OME-TIFF written region by region at a temporary name; on success its UUID is set from
+    the pixels and it is renamed into place (a failed or killed job leaves no file)."""
+    with atomic_path(path) as tmp:
+        mm = tifffile.memmap(tmp, shape=tuple(shape), dtype=dtype, ome=True, photometric="minisblack",
+                             metadata=_ome_metadata(axes, pixel_size_um, z_step_um, channel_names))
+        offset = mm.offset
+        del mm
+        writer = OmeStackWriter(tmp, shape, dtype, offset)
+        yield writer
+        with tifffile.TiffFile(tmp) as tif:
+            description = tif.pages.first.description
+        uuid = _ome_uuid(path, writer.pixels_sha1())
+        tifffile.tiffcomment(tmp, description.replace(_UUID_PLACEHOLDER, uuid, 1).encode())
+
+
+def write_ome(path: str | Path, data: np.ndarray, axes: str, pixel_size_um: float | None = None,
+              z_step_um: float | None = None, channel_names: list[str] | None = None) -> None:
+    """OME-TIFF with physical sizes, atomically."""
+    with ome_writer(path, data.shape, data.dtype, axes, pixel_size_um, z_step_um, channel_names) as out:
+        out[...] = data
+
+
+class StackReader:
+    """Lazy read access to a TIFF's first series: ``reader[index]`` returns a copy of just
+    that region. Uncompressed contiguous files (everything plexgpu writes) are mapped per
+    call, so nothing stays resident; other files are read whole once."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            with tifffile.TiffFile(self.path) as tif:
+                series = tif.series[0]
+                self.shape, self.dtype = tuple(series.shape), np.dtype(series.dtype)
+                self.offset = series.dataoffset
+        except Exception as exc:
+            raise TiffReadError(f"{path}: cannot read TIFF ({type(exc).__name__}: {exc})") from None
+        self._whole = None if self.offset is not None else read_tiff(self.path)
+        self.ndim = len(self.shape)
+
+    def __getitem__(self, index) -> np.ndarray:
+        if self._whole is not None:
+            return np.array(self._whole[index])
+        mm = np.memmap(self.path, self.dtype, "r", self.offset, self.shape)
+        try:
+            return np.array(mm[index])
+        finally:
+            del mm
+
+    def sum(self) -> float:
+        """float64 total, plane by plane."""
+        return float(sum(self[z].sum(dtype=np.float64) for z in range(self.shape[0])))
+
+
+def _halve(plane: np.ndarray) -> np.ndarray:
+    """2x2 mean (odd edge dropped), same dtype."""
+    h, w = (plane.shape[0] // 2) * 2, (plane.shape[1] // 2) * 2
+    return plane[:h, :w].reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3)).astype(plane.dtype)
+
+
+def _tiles(plane: np.ndarray, tile: tuple[int, int] | None) -> Iterator[np.ndarray]:
+    if tile is None:
+        yield plane
+        return
+    for y in range(0, plane.shape[0], tile[0]):
+        for x in range(0, plane.shape[1], tile[1]):
+            yield plane[y:y + tile[0], x:x + tile[1]]
+
+
+def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_names: list[str],
+                        pixel_size_um: float, min_size: int = 128) -> int:
+    """CYX pyramidal OME-TIFF (reduced levels in SubIFDs, 2x2 means), readable by Bio-Formats.
+
+    ``read_plane(c)`` returns channel ``c`` (YX) and is called once per channel: the full
+    resolution is streamed into the file while the reduced levels go to scratch files beside
+    it, so memory holds one plane, never the whole multiplex. Returns the number of levels.
+    """
+    first = np.asarray(read_plane(0))
+    dtype, shape = first.dtype, first.shape
+    sizes = [shape]
+    while min(sizes[-1]) // 2 >= min_size:
+        sizes.append((sizes[-1][0] // 2, sizes[-1][1] // 2))
+    tile = (256, 256) if min(shape) >= 256 else None
+    opts = dict(dtype=dtype, tile=tile, photometric="minisblack")
     metadata = {
-        "axes": "CYX", "UUID": _ome_uuid(path, data),
+        "axes": "CYX", "UUID": _UUID_PLACEHOLDER,
         "PhysicalSizeX": pixel_size_um, "PhysicalSizeXUnit": "µm",
         "PhysicalSizeY": pixel_size_um, "PhysicalSizeYUnit": "µm",
         "Channel": {"Name": list(channel_names)},
     }
-    tile = (256, 256) if min(data.shape[-2:]) >= 256 else None
-    with atomic_path(path) as tmp:
-        with tifffile.TiffWriter(tmp, ome=True, bigtiff=data.nbytes > 2**31) as tif:
-            tif.write(levels[0], subifds=len(levels) - 1, metadata=metadata, tile=tile,
-                      photometric="minisblack")
-            for level in levels[1:]:
-                tif.write(level, subfiletype=1, tile=tile, photometric="minisblack")
-    return len(levels)
+    import hashlib
+
+    sha1 = hashlib.sha1()
+    nbytes = n_planes * shape[0] * shape[1] * dtype.itemsize
+    with atomic_path(path) as tmp, tempfile.TemporaryDirectory(dir=Path(path).parent, prefix=".pyramid.") as scratch:
+        lower = [Path(scratch) / f"level{k}.raw" for k in range(1, len(sizes))]
+
+        def full_resolution():
+            for c in range(n_planes):
+                plane = first if c == 0 else np.asarray(read_plane(c), dtype=dtype)
+                if plane.shape != shape:
+                    raise ValueError(f"plane {c} has shape {plane.shape}, plane 0 {shape}")
+                sha1.update(np.ascontiguousarray(plane).view(np.uint8).ravel())
+                cur = plane
+                for level in lower:
+                    cur = _halve(cur)
+                    with open(level, "ab") as fh:
+                        fh.write(cur.tobytes())
+                yield from _tiles(plane, tile)
+
+        def reduced(level: Path, size: tuple[int, int]):
+            count = size[0] * size[1]
+            for c in range(n_planes):
+                plane = np.fromfile(level, dtype, count=count, offset=c * count * dtype.itemsize).reshape(size)
+                yield from _tiles(plane, tile)
+
+        with tifffile.TiffWriter(tmp, ome=True, bigtiff=nbytes > 2**31) as tif:
+            tif.write(full_resolution(), shape=(n_planes,) + shape, subifds=len(lower), metadata=metadata, **opts)
+            for level, size in zip(lower, sizes[1:]):
+                tif.write(reduced(level, size), shape=(n_planes,) + size, subfiletype=1, **opts)
+        with tifffile.TiffFile(tmp) as tif:
+            description = tif.pages.first.description
+        tifffile.tiffcomment(tmp, description.replace(_UUID_PLACEHOLDER, _ome_uuid(path, sha1.hexdigest()), 1)
+                             .encode())
+    return len(sizes)
