@@ -102,3 +102,11 @@ def test_chunked_equals_whole(blurred, xp):
 def test_zero_iterations_is_identity(blurred):
     img, p = blurred
     assert np.array_equal(dc.richardson_lucy(img, p, 0), img)
+
+
+def test_z_is_one_mirror_period():
+    # the stack and its mirror image: no jump where the FFT period wraps, whatever the PSF depth
+    assert dc.padded_shape((8, 100, 100), (15, 25, 25))[0] == 16
+    assert dc.padded_shape((20, 100, 100), (7, 25, 25))[0] == 40
+    # a PSF deeper than the stack's mirror period cannot use it: padded instead
+    assert dc.padded_shape((3, 100, 100), (9, 25, 25))[0] >= 3 + 2 * 4
