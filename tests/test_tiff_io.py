@@ -116,3 +116,12 @@ def test_pyramid_streamed_plane_by_plane(tmp_path):
     with pytest.raises(ValueError, match="plane 1"):
         write_pyramidal_ome(tmp_path / "c.ome.tif", lambda c: planes[c][:10 if c else None], 2, ["a", "b"], 0.377)
     assert not (tmp_path / "c.ome.tif").exists() and not list(tmp_path.glob(".*"))
+
+
+def test_part_file_of_a_killed_attempt_is_removed(tmp_path):
+    stale = tmp_path / ".CH1.ome.tif.k3j2h1.part"           # what a SIGKILLed writer leaves
+    stale.write_bytes(b"\0" * 1000)
+    other = tmp_path / ".CH2.ome.tif.a1b2c3.part"           # another output's: not touched
+    other.write_bytes(b"\0")
+    write_ome(tmp_path / "CH1.ome.tif", np.zeros((3, 4, 4), np.float32), "ZYX")
+    assert not stale.exists() and other.exists() and (tmp_path / "CH1.ome.tif").exists()

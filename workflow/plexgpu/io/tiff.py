@@ -3,14 +3,21 @@ and is renamed into place, so a killed job never leaves a file that looks finish
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import logging
 import os
+import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import tifffile
+
+log = logging.getLogger("plexgpu")
 
 
 class TiffReadError(OSError):
@@ -22,6 +29,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it to ``path`` only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.part"):
+        # left by an earlier attempt at this output that was killed (scancel, OOM): a streamed
+        # stack can be many GB. Only one job writes an output at a time (Snakemake's lock;
+        # plexgpu rerun cancels stale jobs first), so none of these is still being written.
+        log.info("removing %s left by a killed attempt", stale)
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
@@ -68,8 +81,6 @@ _UUID_PLACEHOLDER = "urn:uuid:00000000-0000-0000-0000-000000000000"   # same len
 
 def _ome_uuid(path: str | Path, digest: str) -> str:
     """A UUID fixed by the file's name and the SHA-1 of its pixels: the same result gives the same bytes."""
-    import uuid
-
     return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'plexgpu/{Path(path).name}/{digest}')}"
 
 
@@ -106,8 +117,6 @@ class OmeStackWriter:
         self.sum += float(np.asarray(value).sum(dtype=np.float64))
 
     def pixels_sha1(self, block: int = 1 << 26) -> str:
-        import hashlib
-
         h = hashlib.sha1()
         left = int(np.prod(self.shape)) * self.dtype.itemsize
         with open(self.path, "rb") as fh:
@@ -213,11 +222,12 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
         "PhysicalSizeY": pixel_size_um, "PhysicalSizeYUnit": "µm",
         "Channel": {"Name": list(channel_names)},
     }
-    import hashlib
-
     sha1 = hashlib.sha1()
     nbytes = n_planes * shape[0] * shape[1] * dtype.itemsize
-    with atomic_path(path) as tmp, tempfile.TemporaryDirectory(dir=Path(path).parent, prefix=".pyramid.") as scratch:
+    path = Path(path)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.pyramid.*"):   # a killed attempt's scratch
+        shutil.rmtree(stale, ignore_errors=True)
+    with atomic_path(path) as tmp, tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.pyramid.") as scratch:
         lower = [Path(scratch) / f"level{k}.raw" for k in range(1, len(sizes))]
 
         def full_resolution():
