@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     params = basic.BasicParams(max_iterations=500)
     small = xp.stack([basic.downsample(xp.stack(plane_tiles(ch, z)), params.working_size)
                       for ch in range(nch) for z in range(nz)])
-    fit = basic.fit_batch(small, params)
+    fit = basic.fit_anchored(small, [ch * nz + nz // 2 for ch in range(nch) for _ in range(nz)], params)  # as stitch
     f0, d0 = basic.upsample(fit.flatfield[0], (th, tw)), basic.upsample(fit.darkfield[0], (th, tw))
     model = stitching.compute_model([basic.correct(t, f0, d0) for t in plane_tiles(0, nz // 2)], layout, overlap)
     stacks = []

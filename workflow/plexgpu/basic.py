@@ -61,6 +61,7 @@ class BasicResult:
     darkfield: object
     iterations: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     reweights: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+    weights: object = None   # final outlier weights (B, N, ws, ws) when asked for (keep_weights)
 
 
 def _soft(x, thr):
@@ -108,7 +109,7 @@ class _Problems:
     STATE = ("Im", "Im_mean_tiles", "Im_mean_pixels", "W", "lam_f", "init_mu", "im_norm", "S_hat", "I_R", "B",
              "Y", "mu", "iterations")
 
-    def __init__(self, xp, Im, params: BasicParams, lam_f):
+    def __init__(self, xp, Im, params: BasicParams, lam_f, weights=None):
         self.xp, self.Im, self.p = xp, Im, params
         b, n, h, w = Im.shape
         flat = Im.reshape(b, n, h * w).astype(xp.float64)
@@ -119,7 +120,7 @@ class _Problems:
         self.lam_f = lam_f
         self.Im_mean_tiles = Im.mean(axis=1)                              # (b, h, w): constant
         self.Im_mean_pixels = Im.mean(axis=(2, 3), dtype=xp.float64)      # (b, n): constant
-        self.W = xp.ones_like(Im)
+        self.W = xp.ones_like(Im) if weights is None else xp.array(weights, dtype=Im.dtype)  # own copy
         self._scratch()
         for name in ("S_hat", "I_R", "B", "Y", "mu", "iterations"):
             setattr(self, name, None)
@@ -225,7 +226,7 @@ def estimate_darkfield(Im):
 
 
 def fit_batch(D, params: BasicParams = BasicParams(), group: int | None = None,
-              workers: int = 1) -> BasicResult:
+              workers: int = 1, init_weights=None, keep_weights: bool = False) -> BasicResult:
     """Fit flat/dark-field for a batch of problems.
 
     D: (B, N, ws, ws) tiles at working size (each problem = all N tiles of one
@@ -234,35 +235,44 @@ def fit_batch(D, params: BasicParams = BasicParams(), group: int | None = None,
     the whole batch); on the CPU one at a time by default, because there the work is
     memory-bound and a cache-sized problem runs fastest (measured: 80 planes batched
     111 s vs one at a time 44 s on 2 cores); ``workers`` threads run CPU groups side by side.
+    ``init_weights``: (B, N, ws, ws) outlier weights to start the reweighting from (default
+    all ones); ``keep_weights``: return each problem's final weights (see ``fit_anchored``).
     """
     xp = xpmod.array_module(D)
     Im = xp.asarray(D, dtype=xp.float32)
     if Im.ndim != 4:
         raise ValueError(f"fit_batch expects (batch, tiles, y, x), got shape {Im.shape}")
     b, n, h, w = Im.shape
+    if init_weights is not None and tuple(init_weights.shape) != tuple(Im.shape):
+        raise ValueError(f"init_weights shape {tuple(init_weights.shape)} differs from the tiles' {tuple(Im.shape)}")
     if group is None:
         group = b if xpmod.is_cupy(xp) else 1
     if group < b:
         from concurrent.futures import ThreadPoolExecutor
 
-        starts = range(0, b, group)
+        def part(i):
+            w0 = None if init_weights is None else init_weights[i:i + group]
+            return fit_batch(Im[i:i + group], params, group=group, init_weights=w0, keep_weights=keep_weights)
+
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            parts = list(pool.map(lambda i: fit_batch(Im[i:i + group], params, group=group), starts))
+            parts = list(pool.map(part, range(0, b, group)))
         return BasicResult(xp.concatenate([p.flatfield for p in parts]), xp.concatenate([p.darkfield for p in parts]),
-                           np.concatenate([p.iterations for p in parts]), np.concatenate([p.reweights for p in parts]))
+                           np.concatenate([p.iterations for p in parts]), np.concatenate([p.reweights for p in parts]),
+                           xp.concatenate([p.weights for p in parts]) if keep_weights else None)
     if params.darkfield:
         dark_out = estimate_darkfield(Im).astype(xp.float32)
         Im = Im - dark_out[:, None]
     else:
         dark_out = xp.zeros((b, h, w), xp.float32)
     flat_out = xp.ones((b, h, w), xp.float32)
+    weights_out = xp.empty_like(Im) if keep_weights else None
     iters_out = np.zeros(b, int)
     reweights_out = np.zeros(b, int)
     ids = np.arange(b)                      # original index of each active problem
     flat_last: list = [None] * b
     reweight = np.zeros(b, int)
     total_iters = np.zeros(b, int)
-    probs = _Problems(xp, Im, params, _lambda_flat(xp, Im))
+    probs = _Problems(xp, Im, params, _lambda_flat(xp, Im), init_weights)
     while len(ids):
         resid = probs.step()
         done = xpmod.to_host((resid <= params.tolerance) | (probs.iterations >= params.max_iterations))
@@ -279,6 +289,8 @@ def fit_batch(D, params: BasicParams = BasicParams(), group: int | None = None,
             if change <= REWEIGHT_TOL or reweight[j] >= params.max_reweight_iterations:
                 flat_out[i] = flat.astype(xp.float32)
                 iters_out[i], reweights_out[i] = total_iters[j], reweight[j]
+                if keep_weights:
+                    weights_out[i] = probs.W[j]
                 finished.append(j)
             else:
                 probs.reweight(j)
@@ -290,7 +302,43 @@ def fit_batch(D, params: BasicParams = BasicParams(), group: int | None = None,
             probs.take(xp.asarray(keep))
             ids, reweight, total_iters = ids[keep], reweight[keep], total_iters[keep]
     flat_out = xp.maximum(flat_out, params.flatfield_min)
-    return BasicResult(flat_out, dark_out, iters_out, reweights_out)
+    return BasicResult(flat_out, dark_out, iters_out, reweights_out, weights_out)
+
+
+def fit_anchored(D, anchors: list[int], params: BasicParams = BasicParams(), workers: int = 1) -> BasicResult:
+    """Fit every plane of a cycle, each on its own tiles, the anchor planes first.
+
+    ``anchors[i]`` is the index of plane i's anchor: the in-focus (middle) plane of the same
+    channel; anchors are their own. Anchor planes are fitted from scratch; every other plane
+    starts its reweighting from the final outlier weights of its anchor, which mark where the
+    specimen is. In focus, nuclei are sharp and the sparse term takes them out of the
+    flatfield; out of focus they are broad and a fit from scratch lets them shape it. Measured
+    on synthetic truth (9x7 tiles, 5 z, 3 datasets): dense nuclear channel, defocused planes
+    1.74-7.08 % instead of 2.67-8.12 % flatfield error; sparse marker 5-10 % lower; no more
+    iterations. Each fit is still a fit of that plane alone (nothing is copied between planes);
+    both passes are batched, and a plane's result does not depend on the batch it is in.
+    """
+    xp = xpmod.array_module(D)
+    b = D.shape[0]
+    firsts = sorted(set(anchors))
+    if any(anchors[a] != a for a in firsts):
+        raise ValueError("an anchor plane must be its own anchor")
+    first = fit_batch(D[xp.asarray(firsts)], params, workers=workers, keep_weights=True)
+    rest = [i for i in range(b) if anchors[i] != i]
+    flat = xp.empty((b,) + tuple(first.flatfield.shape[1:]), xp.float32)
+    dark = xp.empty_like(flat)
+    iterations, reweights = np.zeros(b, int), np.zeros(b, int)
+    row = {a: k for k, a in enumerate(firsts)}
+    for k, a in enumerate(firsts):
+        flat[a], dark[a], iterations[a], reweights[a] = first.flatfield[k], first.darkfield[k], \
+            first.iterations[k], first.reweights[k]
+    if rest:
+        w0 = first.weights[xp.asarray([row[anchors[i]] for i in rest])]
+        second = fit_batch(D[xp.asarray(rest)], params, workers=workers, init_weights=w0)
+        for k, i in enumerate(rest):
+            flat[i], dark[i], iterations[i], reweights[i] = second.flatfield[k], second.darkfield[k], \
+                second.iterations[k], second.reweights[k]
+    return BasicResult(flat, dark, iterations, reweights)
 
 
 def fit_planes(tile_stacks, params: BasicParams = BasicParams()) -> BasicResult:

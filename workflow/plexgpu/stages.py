@@ -66,11 +66,14 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     if spec.rows * spec.cols < basic.MIN_TILES_ADVISED:
         log.warning("BaSiC: only %d tiles per plane; below ~%d the flatfield can carry specimen structure "
                     "(see qc/stitch)", spec.rows * spec.cols, basic.MIN_TILES_ADVISED)
-    fit = basic.fit_batch(small, params, workers=ctx.workers)
+    # each channel's in-focus (middle) plane first; the others start from its outlier weights
+    anchors = [planes.index((ch, ref_z)) for ch, _ in planes]
+    fit = basic.fit_anchored(small, anchors, params, workers=ctx.workers)
     del small
     xpmod.synchronize(xp)
     t_fit = time.perf_counter() - t0 - t_read
-    log.info("BaSiC: %d planes (channels x z) fitted in one batch in %.2f s; ADMM iterations per plane %d-%d",
+    log.info("BaSiC: %d planes (channels x z) fitted in two batches (in-focus planes first) in %.2f s; "
+             "ADMM iterations per plane %d-%d",
              len(planes), t_fit, int(fit.iterations.min()), int(fit.iterations.max()))
     index = {p: i for i, p in enumerate(planes)}
 
