@@ -64,13 +64,17 @@ ours = basic.fit_batch(np.stack(small), params)
 with timer(t, "ours_six"):
     basic.fit_batch(np.stack(small), params)
 fe, de = errors(ours.flatfield, ours.darkfield)
+anchored = basic.fit_anchored(np.stack(small), [3 * (i // 3) + 1 for i in range(len(small))], params)  # z2 of each ch
+fa, _ = errors(anchored.flatfield, anchored.darkfield)
 rows = [{"what": f"BaSiC all {args.planes} planes x 63 tiles in one batch (CPU)", "ours_s": t["batched"],
          "peer": "same code, one plane at a time", "peer_s": t["sequential"], "ratio": t["sequential"] / t["batched"],
          "peak_rss_mb": peak_rss_mb()},
         {"what": f"BaSiC fit_batch CPU default ({args.planes} planes, 1 per group, 2 threads)", "ours_s": t["default"],
          "peer": "same code, one plane at a time", "peer_s": t["sequential"], "ratio": t["sequential"] / t["default"]},
         {"what": "BaSiC per-plane fit (63 tiles, darkfield on)", "ours_s": t["ours_six"] / len(small),
-         "ours_accuracy": f"flat RMS {np.mean(fe):.2%}, dark offset {np.mean(de):.1%}", "peak_rss_mb": peak_rss_mb()}]
+         "ours_accuracy": f"flat RMS {np.mean(fe):.2%} (worst plane {max(fe):.2%}; anchored on the in-focus "
+                          f"plane as the stitch stage fits: {np.mean(fa):.2%}, worst {max(fa):.2%}), "
+                          f"dark offset {np.mean(de):.1%}", "peak_rss_mb": peak_rss_mb()}]
 if Path(args.basicpy).exists():
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(f"{tmp}/tiles.npz", **{f"p{i}": tiles for i, (_, _, tiles) in enumerate(base)})
