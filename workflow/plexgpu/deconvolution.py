@@ -148,13 +148,15 @@ def chunk_slices(size: int, chunk: int, halo: int) -> list[tuple[slice, slice, s
 
 
 def deconvolve(stack, psf, iterations: int, chunk_px: int, halo_px: int | None = None,
-               xp=None, workers: int | None = None, progress=None, out=None):
+               xp=None, workers: int | None = None, progress=None, out=None, flux: dict | None = None):
     """RL of a ZYX stack in overlapping XY chunks on the backend ``xp``.
 
     ``stack``: anything sliceable as ``stack[:, ys, xs]`` (an array, or an ``io.tiff.StackReader``
     that reads only that region); ``out``: anything assignable the same way (default: a new host
     float32 array; an ``io.tiff.OmeStackWriter`` writes each chunk to disk as it is done).
-    ``halo_px`` defaults to ``default_halo``; ``progress(done, total)`` is called per chunk.
+    ``halo_px`` defaults to ``default_halo``; ``progress(done, total)`` is called per chunk;
+    ``flux``, if given, receives the float64 totals of input and result ({"in": .., "out": ..}),
+    summed over each chunk's own region as it passes (no second read of the stack).
     """
     xp = xp or np
     if halo_px is None:
@@ -164,14 +166,20 @@ def deconvolve(stack, psf, iterations: int, chunk_px: int, halo_px: int | None =
         out = np.empty((z, h, w), np.float32)
     ys, xs = chunk_slices(h, chunk_px, halo_px), chunk_slices(w, chunk_px, halo_px)
     total, done = len(ys) * len(xs), 0
+    flux_in = flux_out = 0.0
     for ry, wy, ky in ys:
         for rx, wx, kx in xs:
             piece = xpmod.to_device(np.ascontiguousarray(stack[:, ry, rx], dtype=np.float32), xp)
             res = richardson_lucy(piece, psf, iterations, workers)
+            flux_in += float(piece[:, ky, kx].sum(dtype=xp.float64))
             del piece
-            out[:, wy, wx] = xpmod.to_host(res[:, ky, kx])
+            core = xpmod.to_host(res[:, ky, kx])
             del res
+            flux_out += float(core.sum(dtype=np.float64))
+            out[:, wy, wx] = core
             done += 1
             if progress:
                 progress(done, total)
+    if flux is not None:
+        flux.update({"in": flux_in, "out": flux_out})
     return out

@@ -160,14 +160,14 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
                      deconvolution.piece_shape(shape, chunk, halo), kernel.shape) / 2**20, budget / 2**20)
         advance = ctx.progress(f"{spec.key} CH{ch} RL x{decon_cfg['iterations']}", n_chunks)
         t0 = time.perf_counter()
+        flux: dict = {}
         with ome_writer(out[ch], shape, np.float32, "ZYX", spec.pixel_size_um, spec.z_step_um,
                         [spec.marker(ch)]) as result:
             deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp, workers=ctx.workers,
-                                     progress=lambda d, t: advance(), out=result)
-            flux_in = stack.sum()
+                                     progress=lambda d, t: advance(), out=result, flux=flux)
         log.info("CH%d: PSF %s (%s, %.0f nm), %d iterations in %.1f s, flux ratio %.4f", ch, kernel.shape,
                  o.model, o.emission_nm, decon_cfg["iterations"], time.perf_counter() - t0,
-                 result.sum / max(flux_in, 1e-12))
+                 flux["out"] / max(flux["in"], 1e-12))
 
 
 # ----------------------------------------------------------------------------- edf
@@ -205,7 +205,8 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
     shifts, names, registered = [], [], []
     advance = ctx.progress("register cycles", len(specs))
     for spec in specs:
-        moving = xpmod.to_device(read_tiff(inputs[spec.key][ref_ch]).astype(np.float32), xp)
+        moving = reference if spec.key == ref_key else \
+            xpmod.to_device(read_tiff(inputs[spec.key][ref_ch]).astype(np.float32), xp)
         if spec.key == ref_key:
             s = registration.Shift(spec.key, 0.0, 0.0, float("inf"), 0.0)
         else:

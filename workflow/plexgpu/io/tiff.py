@@ -31,10 +31,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.part"):
         # left by an earlier attempt at this output that was killed (scancel, OOM): a streamed
-        # stack can be many GB. Only one job writes an output at a time (Snakemake's lock;
+        # stack (many GB) or a scratch folder. Only one job writes an output at a time (Snakemake's lock;
         # plexgpu rerun cancels stale jobs first), so none of these is still being written.
         log.info("removing %s left by a killed attempt", stale)
-        stale.unlink(missing_ok=True)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
@@ -84,6 +87,13 @@ def _ome_uuid(path: str | Path, digest: str) -> str:
     return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'plexgpu/{Path(path).name}/{digest}')}"
 
 
+def _set_uuid(tmp: Path, path: str | Path, digest: str) -> None:
+    """Replace the placeholder UUID in ``tmp``'s OME-XML (in place: same length) by ``path``'s."""
+    with tifffile.TiffFile(tmp) as tif:
+        description = tif.pages.first.description
+    tifffile.tiffcomment(tmp, description.replace(_UUID_PLACEHOLDER, _ome_uuid(path, digest), 1).encode())
+
+
 def _ome_metadata(axes: str, pixel_size_um: float | None, z_step_um: float | None,
                   channel_names: list[str] | None) -> dict:
     metadata: dict = {"axes": axes, "UUID": _UUID_PLACEHOLDER}
@@ -101,20 +111,17 @@ class OmeStackWriter:
     """An uncompressed OME-TIFF filled region by region (``writer[index] = array``).
 
     Each write maps the file only for that call, so only the region being written is
-    resident: a stack larger than memory can be produced chunk by chunk. ``sum`` is the
-    float64 total of everything written (flux bookkeeping).
+    resident: a stack larger than memory can be produced chunk by chunk.
     """
 
     def __init__(self, path: Path, shape: tuple[int, ...], dtype, offset: int):
         self.path, self.shape, self.dtype, self.offset = path, tuple(shape), np.dtype(dtype), offset
-        self.sum = 0.0
 
     def __setitem__(self, index, value) -> None:
         mm = np.memmap(self.path, self.dtype, "r+", self.offset, self.shape)
         mm[index] = value
         mm.flush()
         del mm
-        self.sum += float(np.asarray(value).sum(dtype=np.float64))
 
     def pixels_sha1(self, block: int = 1 << 26) -> str:
         h = hashlib.sha1()
@@ -142,10 +149,7 @@ def ome_writer(path: str | Path, shape: tuple[int, ...], dtype, axes: str, pixel
         del mm
         writer = OmeStackWriter(tmp, shape, dtype, offset)
         yield writer
-        with tifffile.TiffFile(tmp) as tif:
-            description = tif.pages.first.description
-        uuid = _ome_uuid(path, writer.pixels_sha1())
-        tifffile.tiffcomment(tmp, description.replace(_UUID_PLACEHOLDER, uuid, 1).encode())
+        _set_uuid(tmp, path, writer.pixels_sha1())
 
 
 def write_ome(path: str | Path, data: np.ndarray, axes: str, pixel_size_um: float | None = None,
@@ -181,10 +185,6 @@ class StackReader:
         finally:
             del mm
 
-    def sum(self) -> float:
-        """float64 total, plane by plane."""
-        return float(sum(self[z].sum(dtype=np.float64) for z in range(self.shape[0])))
-
 
 def _halve(plane: np.ndarray) -> np.ndarray:
     """2x2 mean (odd edge dropped), same dtype."""
@@ -216,18 +216,12 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
         sizes.append((sizes[-1][0] // 2, sizes[-1][1] // 2))
     tile = (256, 256) if min(shape) >= 256 else None
     opts = dict(dtype=dtype, tile=tile, photometric="minisblack")
-    metadata = {
-        "axes": "CYX", "UUID": _UUID_PLACEHOLDER,
-        "PhysicalSizeX": pixel_size_um, "PhysicalSizeXUnit": "µm",
-        "PhysicalSizeY": pixel_size_um, "PhysicalSizeYUnit": "µm",
-        "Channel": {"Name": list(channel_names)},
-    }
+    metadata = _ome_metadata("CYX", pixel_size_um, None, channel_names)
     sha1 = hashlib.sha1()
     nbytes = n_planes * shape[0] * shape[1] * dtype.itemsize
     path = Path(path)
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.pyramid.*"):   # a killed attempt's scratch
-        shutil.rmtree(stale, ignore_errors=True)
-    with atomic_path(path) as tmp, tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.pyramid.") as scratch:
+    with atomic_path(path) as tmp, tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.",
+                                                                suffix=".part") as scratch:  # cleaned like tmp
         lower = [Path(scratch) / f"level{k}.raw" for k in range(1, len(sizes))]
 
         def full_resolution():
@@ -253,8 +247,5 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
             tif.write(full_resolution(), shape=(n_planes,) + shape, subifds=len(lower), metadata=metadata, **opts)
             for level, size in zip(lower, sizes[1:]):
                 tif.write(reduced(level, size), shape=(n_planes,) + size, subfiletype=1, **opts)
-        with tifffile.TiffFile(tmp) as tif:
-            description = tif.pages.first.description
-        tifffile.tiffcomment(tmp, description.replace(_UUID_PLACEHOLDER, _ome_uuid(path, sha1.hexdigest()), 1)
-                             .encode())
+        _set_uuid(tmp, path, sha1.hexdigest())
     return len(sizes)
