@@ -96,13 +96,18 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.3f} h"
 
 
-def usage_statements(allocs: list[Allocation]) -> list[dict]:
-    """One statement per device group, with its arithmetic: never summed across groups."""
+def _group_by(allocs: list[Allocation], attr: str) -> list[tuple[str, list[Allocation]]]:
+    """Allocations grouped by one attribute, groups sorted by it, order kept within a group."""
     groups: dict[str, list[Allocation]] = defaultdict(list)
     for a in allocs:
-        groups[a.device_group].append(a)
+        groups[getattr(a, attr)].append(a)
+    return sorted(groups.items())
+
+
+def usage_statements(allocs: list[Allocation]) -> list[dict]:
+    """One statement per device group, with its arithmetic: never summed across groups."""
     out = []
-    for group, items in sorted(groups.items()):
+    for group, items in _group_by(allocs, "device_group"):
         total_elapsed = sum(a.elapsed_s for a in items)
         gpu_seconds = sum(a.gpus * a.elapsed_s for a in items)
         terms = " + ".join(f"{a.gpus} × {a.elapsed_s:.0f} s" for a in items)
@@ -132,11 +137,8 @@ def usage_statements(allocs: list[Allocation]) -> list[dict]:
 
 def report_card(allocs: list[Allocation]) -> list[dict]:
     """Per rule: what was used against what was asked for, with advice and its numbers."""
-    by_rule: dict[str, list[Allocation]] = defaultdict(list)
-    for a in allocs:
-        by_rule[a.rule].append(a)
     cards = []
-    for rule, items in sorted(by_rule.items()):
+    for rule, items in _group_by(allocs, "rule"):
         mean = lambda vals: sum(vals) / len(vals) if vals else None
         util = mean([a.util_mean for a in items if a.util_mean is not None])
         mem = mean([a.mem_peak_pct for a in items if a.mem_peak_pct is not None])
