@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .io.tiff import atomic_path, read_tiff, write_text_atomic
+from .io.tiff import StackReader, atomic_path, read_tiff, write_text_atomic
 
 
 def to_png(path: str | Path, img: np.ndarray, lo_hi: tuple[float, float] | None = None) -> None:
@@ -65,15 +65,17 @@ def qc_decon(cycle: str, stitched: list[str], deconvolved: list[str], png: str, 
     """Flux ratio and sharpness gain per channel; middle plane before/after."""
     rows, per_channel = [], {}
     for s_path, d_path in zip(stitched, deconvolved):
-        s, d = read_tiff(s_path).astype(np.float32), read_tiff(d_path)
+        s, d = StackReader(s_path), StackReader(d_path)          # plane by plane: stacks can exceed memory
+        total = lambda r: sum(float(r[k].sum(dtype=np.float64)) for k in range(r.shape[0]))
         z = s.shape[0] // 2
+        sz, dz = s[z].astype(np.float32), d[z]
         name = Path(d_path).name.split(".")[0]
         grad = lambda a: float(np.mean(np.abs(np.diff(a, axis=-1))) / max(float(np.mean(a)), 1e-12))
-        per_channel[name] = {"flux_ratio": float(d.sum(dtype=np.float64) / max(s.sum(dtype=np.float64), 1e-12)),
-                             "sharpness_gain": grad(d[z]) / max(grad(s[z]), 1e-12)}
-        lo, hi = float(np.percentile(s[z], 0.5)), float(np.percentile(s[z], 99.5))
-        rows.append([(np.clip((_thumb(s[z]) - lo) / max(hi - lo, 1e-12), 0, 1)),
-                     (np.clip((_thumb(d[z]) - lo) / max(hi - lo, 1e-12), 0, 1))])
+        per_channel[name] = {"flux_ratio": total(d) / max(total(s), 1e-12),
+                             "sharpness_gain": grad(dz) / max(grad(sz), 1e-12)}
+        lo, hi = float(np.percentile(sz, 0.5)), float(np.percentile(sz, 99.5))
+        rows.append([(np.clip((_thumb(sz) - lo) / max(hi - lo, 1e-12), 0, 1)),
+                     (np.clip((_thumb(dz) - lo) / max(hi - lo, 1e-12), 0, 1))])
     to_png(png, _montage(rows), (0, 1))
     metrics = {"cycle": cycle, "channels": per_channel}
     write_text_atomic(out_json, json.dumps(metrics, indent=1))
