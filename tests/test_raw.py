@@ -114,6 +114,16 @@ def test_metadata_fills_what_config_leaves_out(tmp_path):
     assert exp.pixel_size_um == 0.5 and exp.marker_names(1) == ["a", "b"]
 
 
+def test_bad_experiment_json_value_names_file_and_key(tmp_path):
+    _write_cycle(tmp_path / "cyc001_reg001")
+    (tmp_path / "experiment.json").write_text(json.dumps({"numZPlanes": "three"}))
+    with pytest.raises(RawDataError, match="experiment.json: numZPlanes = 'three' is not a number"):
+        resolve_experiment(_config(tmp_path))
+    (tmp_path / "experiment.json").write_text("[1, 2]")
+    with pytest.raises(RawDataError, match="experiment.json: expected a JSON object"):
+        resolve_experiment(_config(tmp_path))
+
+
 def test_marker_count_mismatch_names_key(tmp_path):
     _write_cycle(tmp_path / "cyc001_reg001")
     with pytest.raises(RawDataError, match="config key markers: markers gives 3 marker names"):

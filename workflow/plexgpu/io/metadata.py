@@ -15,6 +15,20 @@ def _um(value: float) -> float:
     return value / 1000.0 if value > 50 else value
 
 
+def _percent(value) -> float:
+    """Akoya writes tileOverlapX in percent (30); values below 1 are already fractions."""
+    value = float(value)
+    return value / 100.0 if value >= 1 else value
+
+
+# Akoya key -> (config name, conversion to plexgpu's units)
+_EXPERIMENT_KEYS = {
+    "numCycles": ("num_cycles", int), "regionHeight": ("rows", int), "regionWidth": ("cols", int),
+    "tileOverlapX": ("overlap", _percent), "xyResolution": ("pixel_size_um", _um), "zPitch": ("z_step_um", _um),
+    "numZPlanes": ("z_planes", int),
+}
+
+
 def read_experiment_json(raw_dir: str | Path) -> dict:
     """Known Akoya keys of ``experiment.json`` mapped to config names; {} if absent."""
     path = Path(raw_dir) / "experiment.json"
@@ -24,22 +38,15 @@ def read_experiment_json(raw_dir: str | Path) -> dict:
         exp = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RawDataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(exp, dict):
+        raise RawDataError(f"{path}: expected a JSON object of experiment settings, got {type(exp).__name__}")
     out: dict = {}
-    if "numCycles" in exp:
-        out["num_cycles"] = int(exp["numCycles"])
-    if "regionHeight" in exp:
-        out["rows"] = int(exp["regionHeight"])
-    if "regionWidth" in exp:
-        out["cols"] = int(exp["regionWidth"])
-    if "tileOverlapX" in exp:
-        ov = float(exp["tileOverlapX"])
-        out["overlap"] = ov / 100.0 if ov >= 1 else ov
-    if "xyResolution" in exp:
-        out["pixel_size_um"] = _um(exp["xyResolution"])
-    if "zPitch" in exp:
-        out["z_step_um"] = _um(exp["zPitch"])
-    if "numZPlanes" in exp:
-        out["z_planes"] = int(exp["numZPlanes"])
+    for key, (name, convert) in _EXPERIMENT_KEYS.items():
+        if key in exp:
+            try:
+                out[name] = convert(exp[key])
+            except (TypeError, ValueError):
+                raise RawDataError(f"{path}: {key} = {exp[key]!r} is not a number") from None
     names = exp.get("channelNames")
     if isinstance(names, dict):
         names = names.get("channelNamesArray")
