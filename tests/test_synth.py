@@ -64,3 +64,39 @@ def test_truth_features():
     (sy, sx) = ds.spec.step
     pos = np.array(ds.positions[0])
     assert np.abs(pos[1] - pos[0] - [0, sx]).max() <= 2 * ds.spec.jitter_px
+
+
+def test_sheet_between_planes_is_imaged_at_its_own_defocus():
+    """A sheet halfway between planes 1 and 2 is seen by both at 0.75 µm defocus: the same image
+    in both, and not half in focus plus half at 1.5 µm (two half-sheets on the recorded planes)."""
+    from scipy import signal
+
+    from plexgpu import psf as psfmod
+    from plexgpu.synth import DEPTH_LEVELS, image_sheet
+
+    ds = SynthDataset(SynthSpec(cycles=1, rows=1, cols=1, tile=(96, 96), z_planes=4, channels=1, seed=4))
+    sharp = ds.specimen(1, 1)
+    fine = ds.fine_psf(1)
+    coarse = ds.psf(1)
+    hz, hzf = coarse.shape[0] // 2, fine.shape[0] // 2
+    np.testing.assert_allclose(fine[::DEPTH_LEVELS], coarse, atol=1e-6 * coarse.max())
+    stack = image_sheet(sharp, np.full(sharp.shape, 1.5, np.float32), fine, 4)
+
+    def blur(kernel):
+        pad = kernel.shape[0] // 2
+        big = np.pad(sharp, pad, mode="reflect")
+        return signal.fftconvolve(big, kernel, mode="same")[pad:-pad, pad:-pad]
+
+    half_step = blur(fine[hzf + DEPTH_LEVELS // 2])
+    two_half_sheets = 0.5 * (blur(coarse[hz]) + blur(coarse[hz + 1]))
+    inner = (slice(20, -20), slice(20, -20))
+    np.testing.assert_allclose(stack[1], stack[2], atol=1e-4 * stack.max())
+    err = np.abs(stack[1] - half_step)[inner].max() / half_step.max()
+    split = np.abs(two_half_sheets - half_step)[inner].max() / half_step.max()
+    print(f"half-step sheet: error {err:.1e}; two half-sheets would differ by {split:.1e}")
+    assert err < 1e-4 and split > 100 * err, (err, split)
+    # the Born-Wolf PSF at 0.75 µm defocus has a lower peak than in focus, so the sheet looks dimmer
+    assert half_step.max() < blur(coarse[hz]).max()
+    # a sheet on a plane is that plane's in-focus image
+    on_plane = image_sheet(sharp, np.full(sharp.shape, 2.0, np.float32), fine, 4)
+    np.testing.assert_allclose(on_plane[2][inner], blur(coarse[hz])[inner], atol=1e-4 * stack.max())
