@@ -87,6 +87,16 @@ def test_rl_flux_kept_and_sharpens(blurred, xp):
     assert out.max() > 1.5 * img.max()                    # it deconvolves
 
 
+def test_rl_with_negative_read_noise_stays_finite(blurred, xp):
+    img, p = blurred
+    noisy = img - 20 + np.random.default_rng(3).normal(0, 3, img.shape).astype(np.float32)  # offset subtracted
+    assert (noisy < 0).mean() > 0.2
+    out = xpmod.to_host(dc.richardson_lucy(xpmod.to_device(noisy, xp), p, 25))
+    assert np.isfinite(out).all() and out.min() >= 0
+    assert out.max() < 10 * img.max()
+    assert abs(out.sum() / np.clip(noisy, 0, None).sum() - 1) < 0.01
+
+
 def test_chunked_equals_whole(blurred, xp):
     img, p = blurred
     whole = xpmod.to_host(dc.richardson_lucy(xpmod.to_device(img, xp), p, 10))

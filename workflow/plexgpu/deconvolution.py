@@ -71,6 +71,11 @@ def richardson_lucy(image, psf, iterations: int, workers: int | None = None):
     work = xp.pad(img, pads, mode="symmetric")
     if work.shape != fast:  # a dimension of 1 cannot mirror: pad with edge values
         work = xp.pad(work, [(0, f - s) for f, s in zip(fast, work.shape)], mode="edge")
+    # RL's data are photon counts: a negative value (read noise around a subtracted offset) makes the
+    # ratio data / blurred negative, the estimate changes sign and the iteration diverges to inf/NaN
+    # within ~10 iterations (measured on a stack with 4 % negative pixels). A count below zero says
+    # "no light": 0.
+    xp.maximum(work, 0, out=work)
     otf = _otf(xp, psf, fast)
     estimate = xp.full(fast, float(work.mean()), xp.float32)
     floor = max(EPS, 1e-6 * float(xp.abs(work).mean()))  # float32 FFT round-off must not explode a ratio
