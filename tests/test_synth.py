@@ -1,6 +1,7 @@
 """The synthetic dataset: deterministic bytes and consistent ground truth."""
 
 import hashlib
+from dataclasses import replace
 
 import numpy as np
 
@@ -100,3 +101,21 @@ def test_sheet_between_planes_is_imaged_at_its_own_defocus():
     # a sheet on a plane is that plane's in-focus image
     on_plane = image_sheet(sharp, np.full(sharp.shape, 2.0, np.float32), fine, 4)
     np.testing.assert_allclose(on_plane[2][inner], blur(coarse[hz])[inner], atol=1e-4 * stack.max())
+
+
+def test_thick_slab_keeps_the_light_and_is_hazier_than_a_sheet():
+    from plexgpu.synth import image_sheet
+
+    ds = SynthDataset(SynthSpec(cycles=1, rows=1, cols=1, tile=(96, 96), z_planes=7, channels=1, seed=4))
+    sharp, fine = ds.specimen(1, 1), ds.fine_psf(1)
+    depth = np.full(sharp.shape, 3.0, np.float32)
+    sheet = image_sheet(sharp, depth, fine, 7)
+    thin = image_sheet(sharp, depth, fine, 7, thickness=0.01)
+    slab = image_sheet(sharp, depth, fine, 7, thickness=2.0)        # 3 µm deep, centred on plane 3
+    assert np.abs(thin - sheet).max() < 1e-2 * sheet.max()           # a slab tends to the sheet
+    np.testing.assert_allclose(slab.sum(axis=(1, 2)), sheet.sum(axis=(1, 2)), rtol=3e-3)  # same light
+    np.testing.assert_allclose(slab, slab[::-1], atol=1e-5 * slab.max())                  # symmetric about its centre
+    corr = lambda a: np.corrcoef(a.ravel(), ds.in_focus(1, 1).ravel())[0, 1]
+    assert corr(sheet[3]) > 0.9999 and corr(slab[3]) < 0.995         # its own out-of-focus light lies on it
+    spec = SynthSpec(cycles=1, rows=1, cols=1, tile=(64, 64), z_planes=5, channels=1, thickness_um=3.0)
+    np.testing.assert_allclose(SynthDataset(spec).stack(1, 1).sum(), SynthDataset(replace(spec, thickness_um=0.0)).stack(1, 1).sum(), rtol=0.05)

@@ -55,6 +55,7 @@ class SynthSpec:
     sparse_fraction: float = 0.08
     tissue_fraction: float = 0.8
     blank_tiles: tuple[int, ...] = ()
+    thickness_um: float = 0.0      # 0: a thin sheet; else each pixel a uniform slab this deep around its depth
     pixel_size_um: float = 0.377
     z_step_um: float = 1.5
     markers: tuple[str, ...] = field(default=())
@@ -252,7 +253,7 @@ class SynthDataset:
         if key in self._stacks:
             return self._stacks[key]
         out = image_sheet(self.specimen(cycle, channel), self.depth_map(cycle), self.fine_psf(channel),
-                          self.spec.z_planes)
+                          self.spec.z_planes, self.spec.thickness_um / self.spec.z_step_um)
         out = np.clip(out, 0, None)
         if len(self._stacks) > 8:
             self._stacks.clear()
@@ -348,24 +349,36 @@ class SynthDataset:
         write_tiff(folder / "darkfield.tif", darks, photometric="minisblack")
 
 
-def image_sheet(sharp: np.ndarray, depth: np.ndarray, fine_psf: np.ndarray, n_planes: int) -> np.ndarray:
-    """Widefield z-stack (``n_planes`` x YX, float32) of a thin sheet ``sharp`` whose in-focus depth
-    (in planes, fractional) is ``depth`` per pixel, through ``fine_psf``: a ZYX PSF sampled
+def _hat_integral(x: np.ndarray) -> np.ndarray:
+    """Integral from -inf to x of the unit triangle max(0, 1 - |t|)."""
+    x = np.clip(x, -1.0, 1.0)
+    return np.where(x < 0, 0.5 * (x + 1) ** 2, 1 - 0.5 * (1 - x) ** 2)
+
+
+def image_sheet(sharp: np.ndarray, depth: np.ndarray, fine_psf: np.ndarray, n_planes: int,
+                thickness: float = 0.0) -> np.ndarray:
+    """Widefield z-stack (``n_planes`` x YX, float32) of the specimen ``sharp`` centred at in-focus
+    depth ``depth`` per pixel (in planes, fractional), through ``fine_psf``: a ZYX PSF sampled
     ``DEPTH_LEVELS`` times finer in z than the planes.
 
-    The sheet is split linearly between the two nearest fine levels and each recorded plane sums
-    every level convolved with the PSF at its defocus (borders mirrored). Splitting it between the
+    ``thickness`` 0: a thin sheet, split linearly between the two nearest fine levels. Otherwise a
+    uniform slab ``thickness`` planes deep (the same pattern all through, total ``sharp``), spread
+    over the levels it covers by the integral of that linear split. Each recorded plane sums every
+    level convolved with the PSF at its defocus (borders mirrored). Splitting a sheet between the
     two nearest *recorded* planes instead would make a sheet halfway between planes two half-sheets,
     each sharp in its own plane."""
-    level = depth * DEPTH_LEVELS
-    j0 = np.floor(level).astype(np.int64)
-    frac = (level - j0).astype(np.float32)
+    lo = (depth - thickness / 2) * DEPTH_LEVELS
+    hi = (depth + thickness / 2) * DEPTH_LEVELS
+    span = thickness * DEPTH_LEVELS
     hzf, pad = fine_psf.shape[0] // 2, fine_psf.shape[1] // 2
     shape = [sp_fft.next_fast_len(n + 4 * pad, real=True) for n in sharp.shape]  # mirrored margin + convolution margin
     acc = np.zeros((n_planes, shape[0], shape[1] // 2 + 1), np.complex64)
     otf: dict[int, np.ndarray] = {}
-    for j in range(int(j0.min()), int(j0.max()) + 2):
-        weight = np.where(j0 == j, 1 - frac, 0) + np.where(j0 == j - 1, frac, 0)
+    for j in range(int(np.floor(lo.min())), int(np.ceil(hi.max())) + 1):
+        if span > 0:
+            weight = (_hat_integral(hi - j) - _hat_integral(lo - j)) / span
+        else:
+            weight = np.maximum(0, 1 - np.abs(lo - j))
         if not weight.any():
             continue
         sheet = sp_fft.rfft2(np.pad(sharp * weight.astype(np.float32), pad, mode="reflect"), shape)
