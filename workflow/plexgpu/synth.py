@@ -243,7 +243,8 @@ class SynthDataset:
 
     def stack(self, cycle: int, channel: int) -> np.ndarray:
         """Clean (no shading, no noise) z-stack of (cycle, channel) in the cycle's frame, float32 ZYX:
-        the specimen sheet at its fractional depth imaged through the 3-D widefield PSF.
+        the specimen (a sheet, or a slab ``thickness_um`` deep) at its fractional depth imaged through
+        the 3-D widefield PSF.
 
         Each pixel of the sheet sits at its own depth, between recorded planes: the sheet is put on a
         z grid ``DEPTH_LEVELS`` times finer than the planes (split linearly between the two nearest
@@ -373,21 +374,24 @@ def image_sheet(sharp: np.ndarray, depth: np.ndarray, fine_psf: np.ndarray, n_pl
     hzf, pad = fine_psf.shape[0] // 2, fine_psf.shape[1] // 2
     shape = [sp_fft.next_fast_len(n + 4 * pad, real=True) for n in sharp.shape]  # mirrored margin + convolution margin
     acc = np.zeros((n_planes, shape[0], shape[1] // 2 + 1), np.complex64)
-    otf: dict[int, np.ndarray] = {}
-    for j in range(int(np.floor(lo.min())), int(np.ceil(hi.max())) + 1):
-        if span > 0:
-            weight = (_hat_integral(hi - j) - _hat_integral(lo - j)) / span
-        else:
-            weight = np.maximum(0, 1 - np.abs(lo - j))
-        if not weight.any():
-            continue
-        sheet = sp_fft.rfft2(np.pad(sharp * weight.astype(np.float32), pad, mode="reflect"), shape)
-        for z in range(n_planes):
-            off = z * DEPTH_LEVELS - j
-            if abs(off) <= hzf:
-                if off not in otf:
-                    otf[off] = sp_fft.rfft2(fine_psf[hzf + off], shape).astype(np.complex64)
-                acc[z] += sheet * otf[off]
+    levels = range(int(np.floor(lo.min())), int(np.ceil(hi.max())) + 1)
+    for residue in range(DEPTH_LEVELS):       # levels j = residue (mod DEPTH_LEVELS) need only the PSF planes at
+        otf: dict[int, np.ndarray] = {}       # offsets = -residue: ~1/DEPTH_LEVELS of them held at a time
+        for j in (j for j in levels if (j - residue) % DEPTH_LEVELS == 0):
+            if span > 0:
+                weight = (_hat_integral(hi - j) - _hat_integral(lo - j)) / span
+            else:
+                weight = np.maximum(0, 1 - np.abs(lo - j))
+            if not weight.any():
+                continue
+            sheet = sp_fft.rfft2(np.pad(sharp * weight.astype(np.float32), pad, mode="reflect"), shape)
+            for z in range(n_planes):
+                off = z * DEPTH_LEVELS - j
+                if abs(off) <= hzf:
+                    if off not in otf:
+                        otf[off] = sp_fft.rfft2(fine_psf[hzf + off], shape).astype(np.complex64)
+                    acc[z] += sheet * otf[off]
+        del otf
     fy, fx = sharp.shape
     out = np.empty((n_planes, fy, fx), np.float32)
     for z in range(n_planes):                                    # 'same' crop of the mirrored sheet's convolution
