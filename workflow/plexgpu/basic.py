@@ -332,10 +332,16 @@ def fit_anchored(D, anchors: list[int], params: BasicParams = BasicParams(), wor
     for k, a in enumerate(firsts):
         flat[a], dark[a], iterations[a], reweights[a] = first.flatfield[k], first.darkfield[k], \
             first.iterations[k], first.reweights[k]
-    if rest:
-        w0 = first.weights[xp.asarray([row[anchors[i]] for i in rest])]
-        second = fit_batch(D[xp.asarray(rest)], params, workers=workers, init_weights=w0)
-        for k, i in enumerate(rest):
+    # the other planes in slices: their tiles and starting weights are gathered into new arrays, and
+    # gathering all at once doubled the batch in host memory on the CPU (32 planes: +230 MB, the
+    # stitch job 1.29x over its bound). On a GPU one slice: all planes advance together.
+    step = len(rest) if xpmod.is_cupy(xp) else max(1, workers)
+    for s in range(0, len(rest), step):
+        part = rest[s:s + step]
+        w0 = first.weights[xp.asarray([row[anchors[i]] for i in part])]
+        second = fit_batch(D[xp.asarray(part)], params, workers=workers, init_weights=w0)
+        del w0
+        for k, i in enumerate(part):
             flat[i], dark[i], iterations[i], reweights[i] = second.flatfield[k], second.darkfield[k], \
                 second.iterations[k], second.reweights[k]
     return BasicResult(flat, dark, iterations, reweights)

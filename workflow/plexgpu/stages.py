@@ -72,7 +72,7 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     del small
     xpmod.synchronize(xp)
     t_fit = time.perf_counter() - t0 - t_read
-    log.info("BaSiC: %d planes (channels x z) fitted in two batches (in-focus planes first) in %.2f s; "
+    log.info("BaSiC: %d planes (channels x z) fitted in two passes (in-focus planes first) in %.2f s; "
              "ADMM iterations per plane %d-%d",
              len(planes), t_fit, int(fit.iterations.min()), int(fit.iterations.max()))
     index = {p: i for i, p in enumerate(planes)}

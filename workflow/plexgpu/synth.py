@@ -30,7 +30,7 @@ from . import psf as psfmod
 from .io.raw import grid_layout, tile_filename
 from .io.tiff import write_text_atomic, write_tiff
 
-DEPTH_LEVELS = 8   # depth levels per z step on which the specimen sheet is placed (EDF fidelity converged: 16 gives the same to 1e-5)
+DEPTH_LEVELS = 8   # depth levels per z step the specimen is placed on (EDF fidelity: 16 gives the same to 1e-5)
 
 
 @dataclass(frozen=True)
