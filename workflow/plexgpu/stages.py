@@ -22,6 +22,7 @@ from .io.tiff import StackReader, ome_writer, read_tiff, write_ome, write_pyrami
 from .job import JobContext
 
 log = logging.getLogger("plexgpu")
+RESIZE_TILES = 8   # tiles resized together in the stitch job (a plane at once: 2 float32 copies of all its tiles)
 
 
 def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[np.ndarray]:
@@ -55,10 +56,11 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         if tiles[0].shape != tile_shape:
             raise RawDataError(f"{spec.tile_paths(ch, z)[0]}: shape {tiles[0].shape} differs from {tile_shape} "
                                f"of CH{planes[0][0]} Z{planes[0][1]:03d}; one shape per cycle")
-        resized = basic.downsample(xp.stack([xpmod.to_device(t, xp) for t in tiles]), params.working_size)
         if small is None:  # filled in place: one batch array, no list + stacked copy
-            small = xp.empty((len(planes),) + tuple(resized.shape), xp.float32)
-        small[i] = resized
+            small = xp.empty((len(planes), len(tiles), params.working_size, params.working_size), xp.float32)
+        for j in range(0, len(tiles), RESIZE_TILES):  # a few tiles at a time: their float32 copies stay small
+            small[i, j:j + RESIZE_TILES] = basic.downsample(
+                xp.stack([xpmod.to_device(t, xp) for t in tiles[j:j + RESIZE_TILES]]), params.working_size)
         if (ch, z) == (ref_ch, ref_z):
             ref_tiles = tiles
         advance()
