@@ -4,6 +4,7 @@ import hashlib
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import read_tiff
@@ -120,3 +121,5 @@ def test_thick_slab_keeps_the_light_and_is_hazier_than_a_sheet():
     spec = SynthSpec(cycles=1, rows=1, cols=1, tile=(64, 64), z_planes=5, channels=1, thickness_um=3.0)
     thick, thin = SynthDataset(spec).stack(1, 1), SynthDataset(replace(spec, thickness_um=0.0)).stack(1, 1)
     np.testing.assert_allclose(thick.sum(), thin.sum(), rtol=0.05)
+    with pytest.raises(ValueError, match="thickness_um must be >= 0"):
+        replace(spec, thickness_um=-1.0)

@@ -60,6 +60,10 @@ class SynthSpec:
     z_step_um: float = 1.5
     markers: tuple[str, ...] = field(default=())
 
+    def __post_init__(self):
+        if self.thickness_um < 0:
+            raise ValueError(f"SynthSpec.thickness_um must be >= 0 (0: a thin sheet), not {self.thickness_um}")
+
     @property
     def step(self) -> tuple[int, int]:
         h, w = self.tile
