@@ -8,6 +8,7 @@ resize cost per 1024^2 tile is measured separately.
 """
 
 import argparse
+import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -75,24 +76,27 @@ rows = [{"what": f"BaSiC all {args.planes} planes x 63 tiles in one batch (CPU)"
          "ours_accuracy": f"flat RMS {np.mean(fe):.2%} (worst plane {max(fe):.2%}; anchored on the in-focus "
                           f"plane as the stitch stage fits: {np.mean(fa):.2%}, worst {max(fa):.2%}), "
                           f"dark offset {np.mean(de):.1%}", "peak_rss_mb": peak_rss_mb()}]
-if Path(args.basicpy).exists():
+
+def basicpy_fits(planes):
+    """basicpy 2.0.0 fitted on each (N, H, W) array one after another, in its own environment:
+    (seconds per fit, flatfields, darkfields)."""
     with tempfile.TemporaryDirectory() as tmp:
-        np.savez(f"{tmp}/tiles.npz", **{f"p{i}": tiles for i, (_, _, tiles) in enumerate(base)})
-        out = subprocess.run([args.basicpy, str(Path(__file__).parent / "basicpy_peer.py"), f"{tmp}/tiles.npz",
+        np.savez(f"{tmp}/planes.npz", **{f"p{i:03d}": plane for i, plane in enumerate(planes)})
+        out = subprocess.run([args.basicpy, str(Path(__file__).parent / "basicpy_peer.py"), f"{tmp}/planes.npz",
                               f"{tmp}/prof.npz"], capture_output=True, text=True, check=True)
-        secs = __import__("json").loads(out.stdout.strip().splitlines()[-1])["seconds"]
         prof = np.load(f"{tmp}/prof.npz")
-        pfe, pde = errors(list(prof["flat"]), list(prof["dark"]))
+        return json.loads(out.stdout.strip().splitlines()[-1])["seconds"], prof["flat"], prof["dark"]
+
+
+if Path(args.basicpy).exists():
+    secs, flats, darks = basicpy_fits([tiles for _, _, tiles in base])
+    pfe, pde = errors(list(flats), list(darks))
     rows[2].update(peer="basicpy 2.0.0 (darkfield, sort_intensity)", peer_s=float(np.mean(secs)),
                    ratio=float(np.mean(secs)) / (t["ours_six"] / len(small)),
                    peer_accuracy=f"flat RMS {np.mean(pfe):.2%}, dark offset {np.mean(pde):.1%}")
     # the per-plane loop users run today: basicpy fitted plane after plane on the same working-size
     # arrays the batch fitted (its internal resize to 128^2 is then a no-op), in the same run
-    with tempfile.TemporaryDirectory() as tmp:
-        np.savez(f"{tmp}/planes.npz", **{f"p{i:03d}": plane for i, plane in enumerate(D)})
-        out = subprocess.run([args.basicpy, str(Path(__file__).parent / "basicpy_peer.py"), f"{tmp}/planes.npz",
-                              f"{tmp}/prof.npz"], capture_output=True, text=True, check=True)
-        loop = float(np.sum(__import__("json").loads(out.stdout.strip().splitlines()[-1])["seconds"]))
+    loop = float(np.sum(basicpy_fits(D)[0]))
     rows.insert(2, {"what": f"BaSiC fit_batch CPU default, {args.planes} planes x 63 tiles (working size 128)",
                     "ours_s": t["default"], "peer": f"basicpy 2.0.0, {args.planes} fits one after another, same arrays",
                     "peer_s": loop, "ratio": loop / t["default"]})
