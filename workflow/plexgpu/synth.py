@@ -378,10 +378,10 @@ def image_sheet(sharp: np.ndarray, depth: np.ndarray, fine_psf: np.ndarray, n_pl
     hzf, pad = fine_psf.shape[0] // 2, fine_psf.shape[1] // 2
     shape = [sp_fft.next_fast_len(n + 4 * pad, real=True) for n in sharp.shape]  # mirrored margin + convolution margin
     acc = np.zeros((n_planes, shape[0], shape[1] // 2 + 1), np.complex64)
-    levels = range(int(np.floor(lo.min())), int(np.ceil(hi.max())) + 1)
-    for residue in range(DEPTH_LEVELS):       # levels j = residue (mod DEPTH_LEVELS) need only the PSF planes at
-        otf: dict[int, np.ndarray] = {}       # offsets = -residue: ~1/DEPTH_LEVELS of them held at a time
-        for j in (j for j in levels if (j - residue) % DEPTH_LEVELS == 0):
+    first, last = int(np.floor(lo.min())), int(np.ceil(hi.max()))
+    for start in range(first, first + DEPTH_LEVELS):  # levels j = start (mod DEPTH_LEVELS) need only the PSF planes
+        otf: dict[int, np.ndarray] = {}                # at offsets = -start: 1/DEPTH_LEVELS of them held at a time
+        for j in range(start, last + 1, DEPTH_LEVELS):
             if span > 0:
                 weight = (_hat_integral(hi - j) - _hat_integral(lo - j)) / span
             else:
