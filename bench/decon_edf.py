@@ -33,12 +33,12 @@ fine = lambda a: a - ndimage.gaussian_filter(a, 1.5)
 
 def cell_masks(ds, margin=24):
     """Labels of whole cells (nucleus + 2 px ring) fully in tissue and away from the border."""
-    cells = ndimage.grey_dilation(ds._frame(1, ds.nucleus_labels), size=5)
+    cells = ndimage.grey_dilation(ds.frame(1, ds.nucleus_labels), size=5)
     edge = np.ones(cells.shape, bool)
     edge[margin:-margin, margin:-margin] = False
     ids = np.setdiff1d(np.unique(cells), np.unique(cells[edge]))
     ids = ids[ids > 0]
-    return cells, ids[ndimage.minimum(ds._frame(1, ds.tissue), cells, ids) > 0.95]
+    return cells, ids[ndimage.minimum(ds.frame(1, ds.tissue), cells, ids) > 0.95]
 
 
 def cell_spread(image, truth, cells, ids):

@@ -92,9 +92,47 @@ def test_too_few_z_planes_refused_before_any_job(tmp_path):
         resolve_experiment(_config(tmp_path))
 
 
-def test_grid_orders():
-    assert grid_layout(2, 3, "rows") == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert grid_layout(2, 3, "snake") == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0)]
+# tile numbers on a 2 x 3 grid (row 0 on top), as Fiji's Grid/Collection numbers them for each order
+GRID_TABLE = {
+    "rows-top-left": ["1 2 3", "4 5 6"],             # row-by-row, Right & Down
+    "rows-top-right": ["3 2 1", "6 5 4"],            # row-by-row, Left & Down
+    "rows-bottom-left": ["4 5 6", "1 2 3"],          # row-by-row, Right & Up
+    "rows-bottom-right": ["6 5 4", "3 2 1"],         # row-by-row, Left & Up
+    "snake-rows-top-left": ["1 2 3", "6 5 4"],       # snake by rows, Right & Down
+    "snake-rows-top-right": ["3 2 1", "4 5 6"],      # snake by rows, Left & Down (wsi_brain)
+    "snake-rows-bottom-left": ["6 5 4", "1 2 3"],    # snake by rows, Right & Up
+    "snake-rows-bottom-right": ["4 5 6", "3 2 1"],   # snake by rows, Left & Up
+    "columns-top-left": ["1 3 5", "2 4 6"],          # column-by-column, Down & Right
+    "columns-top-right": ["5 3 1", "6 4 2"],         # column-by-column, Down & Left
+    "columns-bottom-left": ["2 4 6", "1 3 5"],       # column-by-column, Up & Right
+    "columns-bottom-right": ["6 4 2", "5 3 1"],      # column-by-column, Up & Left
+    "snake-columns-top-left": ["1 4 5", "2 3 6"],    # snake by columns, Down & Right
+    "snake-columns-top-right": ["5 4 1", "6 3 2"],   # snake by columns, Down & Left
+    "snake-columns-bottom-left": ["2 3 6", "1 4 5"], # snake by columns, Up & Right
+    "snake-columns-bottom-right": ["6 3 2", "5 4 1"],  # snake by columns, Up & Left
+    "snake": ["1 2 3", "6 5 4"],
+    "rows": ["1 2 3", "4 5 6"],
+}
+
+
+@pytest.mark.parametrize("order", list(GRID_TABLE))
+def test_grid_order_table(order):
+    table = [[int(t) for t in row.split()] for row in GRID_TABLE[order]]
+    expect = {table[r][c]: (r, c) for r in range(2) for c in range(3)}
+    assert grid_layout(2, 3, order) == [expect[t] for t in range(1, 7)]
+
+
+def test_every_grid_order_is_in_the_schema_and_named_for_fiji():
+    import yaml
+
+    from plexgpu.config import SCHEMA_PATH
+    from plexgpu.io.raw import GRID_ORDERS, fiji_name
+
+    assert set(yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["grid"]["properties"]["order"]["enum"]) == set(GRID_ORDERS) == set(GRID_TABLE)
+    assert fiji_name("snake-rows-top-right") == "snake by rows, Left & Down"
+    assert fiji_name("columns-bottom-left") == "column-by-column, Up & Right"
+    with pytest.raises(RawDataError, match="grid.order must be one of"):
+        grid_layout(2, 3, "zigzag")
 
 
 def test_metadata_fills_what_config_leaves_out(tmp_path):

@@ -7,6 +7,7 @@ import sys
 import time
 
 from . import __version__
+from .io.raw import GRID_ORDERS
 
 
 def _fail(message: str) -> int:
@@ -222,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--z", type=int, default=5)
     s.add_argument("--channels", type=int, default=2)
     s.add_argument("--overlap", type=float, default=0.3)
-    s.add_argument("--order", choices=["snake", "rows"], default="snake")
+    s.add_argument("--order", choices=GRID_ORDERS, default="snake", metavar="ORDER",
+                   help="tile numbering (config key grid.order): snake, rows, or <kind>-<corner> as in the schema")
     s.add_argument("--blank-tiles", type=int, nargs="*")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_synth)

@@ -10,8 +10,11 @@ tiles x z-planes x channels:
   across the field, between recorded planes; the z-stack is that sheet imaged through
   the widefield PSF of the optics at each pixel's own defocus (``plexgpu.psf``, the
   same model deconvolution uses), so defocus blur is physical;
-* acquisition: true stage positions = nominal grid + jitter; per-(channel, z)
-  smooth flatfield and darkfield; Poisson + read noise; uint16.
+* acquisition: true stage positions = nominal grid + Gaussian jitter (sub-pixel); each
+  cycle's specimen shifted by a sub-pixel offset; the camera may be rotated to the stage
+  (tiles are sampled from the specimen by cubic-spline interpolation); per-(channel, z)
+  smooth flatfield (vignetting of a chosen depth) and darkfield (camera offset with a
+  gradient); Poisson + read noise; uint16.
 
 Same arguments -> identical bytes. Ground truth is written to ``<out>/truth/``.
 """
@@ -19,6 +22,7 @@ Same arguments -> identical bytes. Ground truth is written to ``<out>/truth/``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -45,8 +49,12 @@ class SynthSpec:
     order: str = "snake"
     region: int = 1
     seed: int = 0
-    jitter_px: int = 3
-    cycle_shift_px: int = 8
+    jitter_px: float = 2.0         # stage jitter: std of a Gaussian per tile and axis (px), cut at 2 std
+    cycle_shift_px: float = 8.0    # each cycle's specimen shift: uniform in [-this, this] per axis (px)
+    rotation_deg: float = 0.0      # camera rotated to the stage by this angle
+    vignetting: float = 0.35       # light lost at the flatfield's darkest corner relative to its peak
+    dark_offset: float = 100.0     # camera offset (counts) the darkfield is built around
+    nuclei_density: float = 1.0    # nuclei per area relative to the default (3: a dense stain, no empty pixels)
     na: float = 0.75
     immersion_index: float = 1.0
     sample_index: float = 1.33
@@ -63,6 +71,10 @@ class SynthSpec:
     def __post_init__(self):
         if self.thickness_um < 0:
             raise ValueError(f"SynthSpec.thickness_um must be >= 0 (0: a thin sheet), not {self.thickness_um}")
+        if not 0 <= self.vignetting < 1:
+            raise ValueError(f"SynthSpec.vignetting must be in [0, 1), not {self.vignetting}")
+        if self.jitter_px < 0 or self.cycle_shift_px < 0 or self.dark_offset < 0 or self.nuclei_density <= 0:
+            raise ValueError("SynthSpec: jitter_px, cycle_shift_px and dark_offset must be >= 0, nuclei_density > 0")
 
     @property
     def step(self) -> tuple[int, int]:
@@ -71,7 +83,10 @@ class SynthSpec:
 
     @property
     def margin(self) -> int:
-        return self.jitter_px + 2
+        """Border of the field around the nominal grid: the largest jitter, the rotated tile's corners."""
+        h, w = self.tile
+        turn = abs(math.sin(math.radians(self.rotation_deg))) * max(h, w) / 2
+        return int(math.ceil(2 * self.jitter_px + turn)) + 3
 
     @property
     def frame_shape(self) -> tuple[int, int]:
@@ -97,18 +112,23 @@ class SynthDataset:
         self._psfs: dict = {}
         rng = np.random.default_rng(spec.seed)
         fy, fx = spec.frame_shape
-        s = spec.cycle_shift_px
+        s = int(math.ceil(spec.cycle_shift_px)) + 2
+        self.canvas_margin = s
         self.canvas_shape = (fy + 2 * s, fx + 2 * s)
-        # per-cycle specimen offset of the frame inside the canvas (cycle 1 = no shift)
-        self.cycle_shifts = [(0, 0)] + [tuple(int(v) for v in rng.integers(-s, s + 1, 2))
-                                        for _ in range(spec.cycles - 1)]
+        # per-cycle specimen offset of the frame inside the canvas (cycle 1 = no shift), sub-pixel
+        self.cycle_shifts = [(0.0, 0.0)] + [tuple(float(v) for v in rng.uniform(-1, 1, 2) * spec.cycle_shift_px)
+                                            for _ in range(spec.cycles - 1)]
         (sy, sx), m, j = spec.step, spec.margin, spec.jitter_px
-        self.positions = []  # per cycle: list of (y, x) of each tile (acquisition order) in the frame
+        self.stage = []  # per cycle: (y, x) of each tile's top-left (acquisition order) in the frame, specimen axes
         layout = grid_layout(spec.rows, spec.cols, spec.order)
         for _ in range(spec.cycles):
-            jit = rng.integers(-j, j + 1, size=(len(layout), 2))
-            self.positions.append([(m + r * sy + int(jy), m + c * sx + int(jx))
-                                   for (r, c), (jy, jx) in zip(layout, jit)])
+            jit = np.clip(rng.normal(0, 1, size=(len(layout), 2)), -2, 2) * j
+            self.stage.append([(m + r * sy + float(jy), m + c * sx + float(jx))
+                               for (r, c), (jy, jx) in zip(layout, jit)])
+        # what stitching should find: each tile's top-left in the camera's axes (the stage positions
+        # turned by the camera rotation; identical to them when the camera is aligned)
+        rot = self.rotation().T
+        self.positions = [[tuple(float(v) for v in rot @ p) for p in pos] for pos in self.stage]
         self._nuclei_seed = int(rng.integers(2**31))
         self._marker_seeds = rng.integers(2**31, size=(spec.cycles, spec.channels))
         self._noise_seed = int(rng.integers(2**31))
@@ -122,7 +142,7 @@ class SynthDataset:
     def _make_nuclei(self):
         rng = np.random.default_rng(self._nuclei_seed)
         shape = self.canvas_shape
-        n = max(8, shape[0] * shape[1] // 250)
+        n = max(8, int(shape[0] * shape[1] / 250 * self.spec.nuclei_density))
         ys = rng.uniform(0, shape[0], n)
         xs = rng.uniform(0, shape[1], n)
         radius = rng.uniform(3.0, 6.0, n)
@@ -172,17 +192,17 @@ class SynthDataset:
         mask = np.zeros(self.canvas_shape, bool)
         if not self.spec.blank_tiles:
             return mask
-        (sy, sx), (h, w), m, s = self.spec.step, self.spec.tile, self.spec.margin, self.spec.cycle_shift_px
+        (sy, sx), (h, w), m, s = self.spec.step, self.spec.tile, self.spec.margin, self.canvas_margin
         layout = grid_layout(self.spec.rows, self.spec.cols, self.spec.order)
-        pad = self.spec.jitter_px + s + 2
+        pad = m + s
         for t in self.spec.blank_tiles:
             r, c = layout[t - 1]
             y0, x0 = s + m + r * sy - pad, s + m + c * sx - pad
             mask[max(0, y0):y0 + h + 2 * pad, max(0, x0):x0 + w + 2 * pad] = True
         return mask
 
-    def specimen(self, cycle: int, channel: int) -> np.ndarray:
-        """Sharp specimen of (cycle, channel) in the cycle's frame, in [0, ~1.5] (cycle, channel from 1)."""
+    def canvas_specimen(self, cycle: int, channel: int) -> np.ndarray:
+        """Sharp specimen of (cycle, channel) on the whole canvas, in [0, ~1.5] (cycle, channel from 1)."""
         spec = self.spec
         if channel == 1:
             img = self.nuclei
@@ -197,17 +217,31 @@ class SynthDataset:
             img = self.nuclei * np.where(grown > 0, gain[grown], 0.0).astype(np.float32)
             img = ndimage.gaussian_filter(img, 0.7)
         img = img + self.autofluorescence * (1.0 if channel == 1 else 0.7)
-        img = np.where(self.blank_mask, 0.0, img * self.tissue).astype(np.float32)
-        return self._frame(cycle, img)
+        return np.where(self.blank_mask, 0.0, img * self.tissue).astype(np.float32)
 
-    def _frame(self, cycle: int, canvas: np.ndarray) -> np.ndarray:
+    def specimen(self, cycle: int, channel: int) -> np.ndarray:
+        """Sharp specimen of (cycle, channel) in the cycle's frame."""
+        return self.frame(cycle, self.canvas_specimen(cycle, channel))
+
+    def frame_origin(self, cycle: int) -> tuple[float, float]:
+        """Where the cycle's frame starts on the canvas (px, sub-pixel)."""
         dy, dx = self.cycle_shifts[cycle - 1]
-        s = self.spec.cycle_shift_px
+        return self.canvas_margin + dy, self.canvas_margin + dx
+
+    def frame(self, cycle: int, canvas: np.ndarray) -> np.ndarray:
+        """The cycle's frame cut from a canvas-sized image (YX, or ZYX plane by plane): cubic-spline
+        interpolation at a sub-pixel shift, an exact crop at a whole-pixel one."""
+        if canvas.ndim == 3:
+            return np.stack([self.frame(cycle, p) for p in canvas])
+        oy, ox = self.frame_origin(cycle)
         fy, fx = self.spec.frame_shape
-        return canvas[s + dy:s + dy + fy, s + dx:s + dx + fx]
+        if float(oy).is_integer() and float(ox).is_integer():
+            return canvas[int(oy):int(oy) + fy, int(ox):int(ox) + fx]
+        return ndimage.affine_transform(canvas, np.eye(2), offset=(oy, ox), output_shape=(fy, fx), order=3,
+                                        mode="mirror").astype(np.float32)
 
     def depth_map(self, cycle: int) -> np.ndarray:
-        return self._frame(cycle, self.depth)
+        return self.frame(cycle, self.depth)
 
     def optics(self, channel: int) -> psfmod.Optics:
         from .experiment import DEFAULT_EMISSION_NM
@@ -227,10 +261,11 @@ class SynthDataset:
         """The specimen as a perfectly focused widefield image would show it (in-focus PSF slice)."""
         p = self.psf(channel)
         sl = p[p.shape[0] // 2]
-        sharp = self.specimen(cycle, channel)
+        sharp = self.canvas_specimen(cycle, channel)
         pad = sl.shape[0] // 2
         big = np.pad(sharp, pad, mode="reflect")
-        return signal.fftconvolve(big, sl / sl.sum(), mode="same")[pad:-pad, pad:-pad].astype(np.float32)
+        blurred = signal.fftconvolve(big, sl / sl.sum(), mode="same")[pad:-pad, pad:-pad].astype(np.float32)
+        return self.frame(cycle, blurred)
 
     def fine_psf(self, channel: int) -> np.ndarray:
         """The channel's PSF on a z grid ``DEPTH_LEVELS`` times finer than the planes, scaled so that
@@ -245,9 +280,9 @@ class SynthDataset:
             self._psfs[key] = fine
         return self._psfs[key]
 
-    def stack(self, cycle: int, channel: int) -> np.ndarray:
-        """Clean (no shading, no noise) z-stack of (cycle, channel) in the cycle's frame, float32 ZYX:
-        the specimen (a sheet, or a slab ``thickness_um`` deep) at its fractional depth imaged through
+    def canvas_stack(self, cycle: int, channel: int) -> np.ndarray:
+        """Clean (no shading, no noise) z-stack of (cycle, channel) on the canvas, float32 ZYX: the
+        specimen (a sheet, or a slab ``thickness_um`` deep) at its fractional depth imaged through
         the 3-D widefield PSF.
 
         Each pixel of the sheet sits at its own depth, between recorded planes: the sheet is put on a
@@ -257,13 +292,17 @@ class SynthDataset:
         key = (cycle, channel)
         if key in self._stacks:
             return self._stacks[key]
-        out = image_sheet(self.specimen(cycle, channel), self.depth_map(cycle), self.fine_psf(channel),
+        out = image_sheet(self.canvas_specimen(cycle, channel), self.depth, self.fine_psf(channel),
                           self.spec.z_planes, self.spec.thickness_um / self.spec.z_step_um)
         out = np.clip(out, 0, None)
         if len(self._stacks) > 8:
             self._stacks.clear()
         self._stacks[key] = out
         return out
+
+    def stack(self, cycle: int, channel: int) -> np.ndarray:
+        """The clean z-stack of (cycle, channel) in the cycle's frame (``canvas_stack``, framed)."""
+        return self.frame(cycle, self.canvas_stack(cycle, channel))
 
     # ------------------------------------------------------------------ acquisition
     def amplitude(self, channel: int) -> float:
@@ -279,29 +318,58 @@ class SynthDataset:
         return 0.0
 
     def flatfield(self, channel: int, z: int) -> np.ndarray:
-        """Smooth flatfield of (channel, z), mean 1 (channel and z from 1)."""
+        """Smooth flatfield of (channel, z), mean 1 (channel and z from 1): a vignetting bump whose
+        darkest corner has lost about ``vignetting`` of its peak (a little more or less per plane)."""
         h, w = self.spec.tile
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
         cy = h * (0.5 + 0.12 * np.sin(1.3 * channel + 0.4 * z))
         cx = w * (0.5 + 0.12 * np.cos(0.7 * channel + 0.3 * z))
-        a = 0.35 + 0.02 * z + 0.03 * channel
         r2 = ((yy - cy) / h) ** 2 + ((xx - cx) / w) ** 2
-        f = np.exp(-a * r2 * 2.0)
+        loss = min(0.95, self.spec.vignetting * (0.9 + 0.02 * z + 0.03 * channel))
+        f = np.exp(np.log1p(-loss) * r2 / r2.max())
         return (f / f.mean()).astype(np.float32)
 
     def darkfield(self, channel: int, z: int) -> np.ndarray:
+        """Camera offset of (channel, z), as an sCMOS dark frame shows it: about ``dark_offset``
+        counts, a gradient across the sensor and a fixed pattern of column offsets (+-2 %)."""
         h, w = self.spec.tile
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-        base = 90.0 + 10.0 * channel + 2.0 * z
-        return (base + 25.0 * (xx / w) + 15.0 * np.sin(np.pi * yy / h)).astype(np.float32)
+        off = self.spec.dark_offset
+        base = off * (0.8 + 0.1 * channel + 0.02 * z)
+        columns = np.random.default_rng([self.spec.seed, 7]).uniform(-0.02, 0.02, w).astype(np.float32) * off
+        return (base + 0.25 * off * (xx / w) + 0.1 * off * (yy / h) + columns[None, :]).astype(np.float32)
+
+    def rotation(self) -> np.ndarray:
+        """Camera axes in specimen coordinates: (y, x) of a tile pixel maps to R @ (y, x)."""
+        t = math.radians(self.spec.rotation_deg)
+        return np.array([[math.cos(t), -math.sin(t)], [math.sin(t), math.cos(t)]])
 
     def expected_tiles(self, cycle: int, channel: int, z: int, stack: np.ndarray | None = None):
-        """Noise-free tiles (shaded, with darkfield) of one plane, acquisition order, float32."""
-        plane = (stack if stack is not None else self.stack(cycle, channel))[z - 1]
+        """Noise-free tiles (shaded, with darkfield) of one plane, acquisition order, float32.
+
+        Each tile samples the canvas stack at its stage position (sub-pixel) through the camera's
+        rotation, by cubic-spline interpolation (exact at whole pixels without rotation)."""
+        plane = (stack if stack is not None else self.canvas_stack(cycle, channel))[z - 1]
         signal = self.background(channel) + self.amplitude(channel) * plane
         flat, dark = self.flatfield(channel, z), self.darkfield(channel, z)
         h, w = self.spec.tile
-        return [signal[y:y + h, x:x + w] * flat + dark for y, x in self.positions[cycle - 1]]
+        rot = self.rotation()
+        centre = np.array([(h - 1) / 2, (w - 1) / 2])
+        oy, ox = self.frame_origin(cycle)
+        exact = self.spec.rotation_deg == 0 and all(float(v).is_integer() for p in self.stage[cycle - 1] for v in p) \
+            and float(oy).is_integer() and float(ox).is_integer()
+        coeffs = None if exact else ndimage.spline_filter(signal, order=3, mode="mirror")
+        tiles = []
+        for y, x in self.stage[cycle - 1]:
+            if exact:
+                y0, x0 = int(oy + y), int(ox + x)
+                tile = signal[y0:y0 + h, x0:x0 + w]
+            else:   # canvas point of tile pixel u: origin + stage + centre + R (u - centre)
+                offset = np.array([oy + y, ox + x]) + centre - rot @ centre
+                tile = ndimage.affine_transform(coeffs, rot, offset=offset, output_shape=(h, w), order=3,
+                                                mode="mirror", prefilter=False)
+            tiles.append(tile.astype(np.float32) * flat + dark)
+        return tiles
 
     def write(self, out: str | Path) -> Path:
         """Write the raw layout, experiment.json, channelNames.txt and truth/ under ``out``."""
@@ -311,7 +379,7 @@ class SynthDataset:
             folder = out / f"cyc{c:03d}_reg{spec.region:03d}"
             folder.mkdir(parents=True, exist_ok=True)
             for ch in range(1, spec.channels + 1):
-                stack = self.stack(c, ch)
+                stack = self.canvas_stack(c, ch)
                 for z in range(1, spec.z_planes + 1):
                     rng = np.random.default_rng([self._noise_seed, c, ch, z])
                     for t, tile in enumerate(self.expected_tiles(c, ch, z, stack), start=1):
@@ -344,6 +412,7 @@ class SynthDataset:
             "spec": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(spec).items()},
             "cycle_shifts": [list(s) for s in self.cycle_shifts],
             "positions": [[list(p) for p in pos] for pos in self.positions],
+            "stage_positions": [[list(p) for p in pos] for pos in self.stage],
         }
         write_text_atomic(folder / "truth.json", json.dumps(truth, indent=1))
         flats = np.stack([np.stack([self.flatfield(ch, z) for z in range(1, spec.z_planes + 1)])

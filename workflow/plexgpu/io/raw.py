@@ -72,16 +72,45 @@ def select_cycle_dirs(raw_dir: str | Path, cycles: list[int] | None, region: int
     return {c: found[c] for c in sorted(cycles)}
 
 
+#: tile numbering of every grid order, as Fiji's Grid/Collection stitching names it:
+#: ``<comb or snake, by rows or columns>-<corner of tile 1>``; ``snake`` and ``rows`` are the
+#: top-left-start names kept from before
+GRID_KINDS = {"rows": "row-by-row", "snake-rows": "snake by rows", "columns": "column-by-column",
+              "snake-columns": "snake by columns"}
+GRID_CORNERS = {"top-left": ("Right & Down", "Down & Right"), "top-right": ("Left & Down", "Down & Left"),
+                "bottom-left": ("Right & Up", "Up & Right"), "bottom-right": ("Left & Up", "Up & Left")}
+GRID_ALIASES = {"snake": "snake-rows-top-left", "rows": "rows-top-left"}
+GRID_ORDERS = tuple(GRID_ALIASES) + tuple(f"{k}-{c}" for k in GRID_KINDS for c in GRID_CORNERS)
+
+
+def fiji_name(order: str) -> str:
+    """Fiji Grid/Collection's name of a grid order, e.g. 'snake by rows, Left & Down'."""
+    order = GRID_ALIASES.get(order, order)
+    kind = next(k for k in sorted(GRID_KINDS, key=len, reverse=True) if order.startswith(k + "-"))
+    corner = order[len(kind) + 1:]
+    return f"{GRID_KINDS[kind]}, {GRID_CORNERS[corner][kind.endswith('columns')]}"
+
+
 def grid_layout(rows: int, cols: int, order: str) -> list[tuple[int, int]]:
-    """(row, col) of each tile in acquisition order (index 0 = tile 1)."""
+    """(row, col) of each tile in acquisition order (index 0 = tile 1); row 0 is the top, col 0 the left.
+
+    ``order``: one of GRID_ORDERS. Tiles are numbered along rows (or columns) from the corner
+    named; a snake turns back at the end of each row (column), a comb starts the next one at the
+    same side."""
+    if order not in GRID_ORDERS:
+        raise RawDataError(f"config key grid.order must be one of {', '.join(GRID_ORDERS)}; not {order!r}")
+    order = GRID_ALIASES.get(order, order)
+    by_columns = "columns-" in order
+    snake = order.startswith("snake")
+    flip_y, flip_x = "-bottom-" in order, order.endswith("-right")
+    line_len = rows if by_columns else cols
     layout = []
     for i in range(rows * cols):
-        row, col = divmod(i, cols)
-        if order == "snake" and row % 2 == 1:
-            col = cols - 1 - col
-        elif order not in ("snake", "rows"):
-            raise RawDataError(f"config key grid.order must be snake or rows, not {order!r}")
-        layout.append((row, col))
+        line, pos = divmod(i, line_len)
+        if snake and line % 2 == 1:
+            pos = line_len - 1 - pos
+        row, col = (pos, line) if by_columns else (line, pos)
+        layout.append((rows - 1 - row if flip_y else row, cols - 1 - col if flip_x else col))
     return layout
 
 
