@@ -65,6 +65,12 @@ def raw_tiles(wildcards):
     ]
 
 
+def dark_frame(wildcards):
+    """The dark frame TIFF of basic.darkfield, where the user gave one (a rerun follows it)."""
+    setting = config["basic"]["darkfield"]
+    return [setting] if isinstance(setting, str) else []
+
+
 def res(rule_name, key):
     """A rule's resource from config key resources.<rule>.<key> (defaults in the schema)."""
     return config["resources"][rule_name][key]

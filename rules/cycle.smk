@@ -4,6 +4,7 @@
 rule stitch:
     input:
         raw_tiles,
+        dark_frame,
     output:
         stitched=per_channel(STITCHED),
         profiles=per_channel(PROFILES),

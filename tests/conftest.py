@@ -34,6 +34,21 @@ def small_synth(tmp_path_factory) -> tuple[Path, SynthDataset]:
     return out, ds
 
 
+REALDATA = REPO.parent / "shared" / "realdata"
+
+
+@pytest.fixture(scope="session")
+def realdata() -> Path:
+    """../shared/realdata (real images with independent references; read its README). Skips with
+    the reason where it is absent; with PLEXGPU_REQUIRE_REALDATA=1 (CI) fails instead."""
+    if not (REALDATA / "README.md").is_file():
+        why = f"real data not found at {REALDATA} (the shared folder beside the repository)"
+        if os.environ.get("PLEXGPU_REQUIRE_REALDATA") == "1":
+            pytest.fail(f"real-data tests are required here (PLEXGPU_REQUIRE_REALDATA=1) but: {why}")
+        pytest.skip(why)
+    return REALDATA
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -41,7 +41,7 @@ DARK_SIGMA = 2.0         # ... smoothed by a Gaussian of this sigma (working-siz
 
 @dataclass(frozen=True)
 class BasicParams:
-    darkfield: bool = True
+    darkfield: bool = True       # subtract the low envelope before the fit (config: anything but false)
     max_iterations: int = 500
     max_reweight_iterations: int = 10
     working_size: int = 128
@@ -50,7 +50,34 @@ class BasicParams:
 
     @classmethod
     def from_config(cls, basic: dict) -> "BasicParams":
-        return cls(**{k: basic[k] for k in cls.__dataclass_fields__ if k in basic})
+        kw = {k: basic[k] for k in cls.__dataclass_fields__ if k in basic}
+        if "darkfield" in kw:
+            kw["darkfield"] = kw["darkfield"] is not False
+        return cls(**kw)
+
+
+def known_offset(setting, tile_shape: tuple[int, int], working_size: int):
+    """``basic.darkfield`` where the user states the offset: (full-size, working-size) float32 images
+    of a camera offset (a number) or a dark frame (a TIFF path); None where it is fitted or off."""
+    from .io.raw import RawDataError
+    from .io.tiff import read_tiff
+
+    if isinstance(setting, bool) or setting is None:
+        return None
+    if isinstance(setting, (int, float)):
+        full = np.full(tile_shape, float(setting), np.float32)
+        return full, np.full((working_size, working_size), float(setting), np.float32)
+    try:
+        frame = read_tiff(setting).astype(np.float32)
+    except (OSError, ValueError) as exc:
+        raise RawDataError(f"config key basic.darkfield: dark frame {setting} cannot be read ({exc})") from None
+    if frame.ndim == 3 and frame.shape[0] > 1:      # a stack of dark frames: their mean
+        frame = frame.mean(axis=0)
+    frame = frame.reshape(frame.shape[-2:])
+    if tuple(frame.shape) != tuple(tile_shape):
+        raise RawDataError(f"config key basic.darkfield: dark frame {setting} is {frame.shape[0]}x{frame.shape[1]} "
+                           f"but the tiles are {tile_shape[0]}x{tile_shape[1]}")
+    return frame, downsample(frame[None], working_size)[0]
 
 
 @dataclass

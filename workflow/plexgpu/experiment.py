@@ -148,6 +148,11 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
         for c, (shape, dtype) in shapes.items():
             if len(shape) != 2:
                 raise RawDataError(f"cycle {c}: tiles must be 2-D (Y, X) images, found shape {shape}")
+        dark = config["basic"].get("darkfield", True)
+        if isinstance(dark, str):                 # a dark frame: readable and of the tiles' shape, before any job
+            from .basic import known_offset
+
+            known_offset(dark, exp.tile_shape, config["basic"]["working_size"])
     return exp
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import basic, deconvolution, edf, psf, registration, stitching
+from . import basic, deconvolution, edf, psf, registration, shading, stitching
 from . import xp as xpmod
 from .experiment import CycleSpec
 from .io.raw import RawDataError
@@ -38,9 +38,11 @@ def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[
 
 # ----------------------------------------------------------------------------- stitch
 def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, out: dict) -> dict:
-    """BaSiC per (channel, z) in one batched fit, one stitching model, blended mosaics.
+    """BaSiC per (channel, z) in one batched fit, one stitching model, the flatfield of every
+    plane refined on the tile overlaps and its camera offset, blended mosaics.
 
-    ``out``: {"profiles": {ch: path}, "stitched": {ch: path}, "positions": path, "pairs": path}
+    ``out``: {"profiles": {ch: path}, "stitched": {ch: path}, "positions": path, "pairs": path,
+    "planes": path}
     """
     xp = ctx.xp
     params = basic.BasicParams.from_config(basic_cfg)
@@ -71,32 +73,35 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     # each channel's in-focus (middle) plane first; the others start from its outlier weights
     anchors = [planes.index((ch, ref_z)) for ch, _ in planes]
     fit = basic.fit_anchored(small, anchors, params, workers=ctx.workers)
-    del small
     xpmod.synchronize(xp)
     t_fit = time.perf_counter() - t0 - t_read
     log.info("BaSiC: %d planes (channels x z) fitted in two passes (in-focus planes first) in %.2f s; "
              "ADMM iterations per plane %d-%d",
              len(planes), t_fit, int(fit.iterations.min()), int(fit.iterations.max()))
     index = {p: i for i, p in enumerate(planes)}
-
-    def profiles(ch, z):
-        i = index[(ch, z)]
-        return basic.upsample(fit.flatfield[i], tile_shape), basic.upsample(fit.darkfield[i], tile_shape)
-
-    flat, dark = profiles(ref_ch, ref_z)
-    corrected = [basic.correct(xpmod.to_device(t, xp), flat, dark) for t in ref_tiles]
+    ref = index[(ref_ch, ref_z)]
+    flat0, dark0 = basic.upsample(fit.flatfield[ref], tile_shape), basic.upsample(fit.darkfield[ref], tile_shape)
+    corrected = [basic.correct(xpmod.to_device(t, xp), flat0, dark0) for t in ref_tiles]
     model = stitching.compute_model(corrected, spec.layout, spec.overlap, stitch_cfg.get("max_shift_px"))
-    del corrected
+    del corrected, flat0, dark0
     n_ok = sum(p.accepted for p in model.pairs)
-    log.info("stitching model from CH%d Z%03d: %d of %d pairs accepted (threshold %.1f), mosaic %s",
-             ref_ch, ref_z, n_ok, len(model.pairs), model.threshold, model.mosaic_shape)
+    log.info("stitching model from CH%d Z%03d: %d of %d pairs accepted (threshold %.1f), stage model %s, "
+             "mosaic %s", ref_ch, ref_z, n_ok, len(model.pairs), model.threshold, model.stage, model.mosaic_shape)
     for p in model.pairs:
         if not p.accepted:
             log.info("  pair %d-%d rejected: %s", p.a + 1, p.b + 1, p.reason)
-    saturated: dict = {}
     write_text_atomic(out["positions"], model.positions_csv())
     write_text_atomic(out["pairs"], model.pairs_csv())
+    problem = stitching.grid_problem(model.pairs)
+    if problem:
+        raise stitching.StitchQualityError(
+            f"{spec.key}: {problem}: check grid.rows x grid.cols ({spec.rows}x{spec.cols}), grid.order "
+            f"({spec.order}) and grid.overlap ({spec.overlap}) against the acquisition; pairs: {out['pairs']}")
+    shades = _shade_planes(ctx, spec, basic_cfg, params, small, fit, model, tile_shape, planes)
+    del small, fit
+    t_shade = time.perf_counter() - t0 - t_read - t_fit
     recorded: dict = {}
+    saturated: dict = {}
     advance = ctx.progress(f"{spec.key} correct + blend", len(planes))
     for ch in spec.channels:
         prof = np.empty((spec.z_planes, 2) + tuple(tile_shape), np.float32)
@@ -104,7 +109,9 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         with ome_writer(out["stitched"][ch], (spec.z_planes,) + model.mosaic_shape, np.uint16, "ZYX",
                         spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)]) as mosaic:  # plane by plane
             for z in range(1, spec.z_planes + 1):
-                flat, dark = profiles(ch, z)
+                shade = shades[index[(ch, z)]]
+                flat = xpmod.to_device(basic.upsample(shade.flatfield, tile_shape), xp)
+                dark = xpmod.to_device(basic.upsample(shade.darkfield, tile_shape), xp)
                 tiles = _read_plane(ctx, spec, ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
                 recorded.setdefault(str(ch), {})[str(z)] = raw_plane_stats(tiles)
                 plane = stitching.blend((basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles), model)
@@ -116,13 +123,52 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
                 prof[z - 1, 0], prof[z - 1, 1] = xpmod.to_host(flat), xpmod.to_host(dark)
                 advance()
         saturated[ch] = above
-        log.info("CH%d: %d pixels above 65535 saturated, %d below 0 after dark subtraction set to 0 "
+        log.info("CH%d: %d pixels above 65535 saturated, %d below 0 after offset subtraction set to 0 "
                  "(of %d)", ch, above, below, spec.z_planes * model.mosaic_shape[0] * model.mosaic_shape[1])
         write_ome(out["profiles"][ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"])
-    write_text_atomic(out["planes"], json.dumps({"recorded": recorded, "saturated_after_correction": saturated},
-                                                 indent=1))
-    return {"planes": len(planes), "fit_s": t_fit, "read_s": t_read, "pairs_accepted": n_ok,
+    shading_record = {f"{ch}/{z}": _shading_record(shades[index[(ch, z)]]) for ch, z in planes}
+    write_text_atomic(out["planes"], json.dumps({"recorded": recorded, "saturated_after_correction": saturated,
+                                                 "shading": shading_record}, indent=1))
+    return {"planes": len(planes), "fit_s": t_fit, "read_s": t_read, "shading_s": t_shade, "pairs_accepted": n_ok,
             "pairs": len(model.pairs), "saturated": saturated}
+
+
+def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, small, fit, model, tile_shape,
+                  planes) -> list:
+    """Every plane's flatfield refined on the accepted pairs' overlaps, and its camera offset (host)."""
+    ws = params.working_size
+    pairs = [(p.a, p.b, model.positions[p.b] - model.positions[p.a]) for p in model.pairs if p.accepted]
+    scale = (ws / tile_shape[0], ws / tile_shape[1])
+    given = basic.known_offset(basic_cfg.get("darkfield", True), tile_shape, ws)
+
+    def one(i):
+        envelope = xpmod.to_host(fit.darkfield[i]).astype(np.float64) if params.darkfield else None
+        return shading.shade_plane(xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]),
+                                   envelope, pairs, scale, None if given is None else given[1])
+
+    shades = list(ctx.pool.map(one, range(len(planes))))
+    for (ch, z), sh in zip(planes, shades):
+        r = sh.refinement
+        if r.degree is None:
+            log.warning("CH%d Z%03d: too few overlap samples to refine the flatfield; BaSiC's kept", ch, z)
+        else:
+            log.info("CH%d Z%03d: flatfield refined on %d overlap samples (degree %d, %s subtracted): seams "
+                     "%.1f%% -> %.1f%%; offset %s, mean %.1f", ch, z, r.samples, r.degree, r.additive,
+                     100 * r.seam_before, 100 * r.seam_after, sh.offset, float(sh.darkfield.mean()))
+        if sh.offset_uncertain:
+            log.warning("CH%d Z%03d: every tile carries light at every pixel (about %.0f counts above the offset "
+                        "estimate %.0f): the camera offset is uncertain; give it as basic.darkfield: <counts> "
+                        "or a dark frame", ch, z, sh.light_floor, float(sh.darkfield.mean()))
+    return shades
+
+
+def _shading_record(sh) -> dict:
+    r = sh.refinement
+    finite = lambda v: v if v == v else None          # NaN (not refined) is null in JSON
+    return {"offset": sh.offset, "offset_mean": float(sh.darkfield.mean()), "offset_uncertain": sh.offset_uncertain,
+            "light_floor": sh.light_floor, "refined": r.degree is not None, "degree": r.degree,
+            "additive": r.additive, "overlap_samples": r.samples, "seam_before": finite(r.seam_before),
+            "seam_after": finite(r.seam_after)}
 
 
 def raw_plane_stats(tiles: list[np.ndarray]) -> dict:

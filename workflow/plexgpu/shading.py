@@ -1,0 +1,279 @@
+"""Shading of one plane from what the tiles show twice: the flatfield refined on the tile
+overlaps, and the camera offset under the dimmest tiles.
+
+BaSiC (``basic``) estimates the flatfield from statistics: the average tile of a specimen
+is assumed flat. With tens of tiles, dense stains, tissue edges and bare slide that average is
+not flat, and the specimen's own structure is taken for shading (measured on synthetic
+sweeps: 6-16 % mean error, up to 33 % on a plane; basicpy 2.0.0 alike). The overlaps of
+neighbouring tiles do not need that assumption: the same point of the specimen is seen at two
+places of the sensor, so the ratio of the two readings is the ratio of the flatfield there,
+whatever the specimen (Kask et al., J. Microsc. 263, 328 (2016), doi:10.1111/jmi.12404).
+
+Flatfield (``refine_flatfield``), per plane, on the working-size tiles and the stitching
+positions of the accepted pairs:
+
+1. Overlap samples: each pixel of tile a in the overlap and the same point in tile b
+   (bilinear), both with the additive term subtracted; log ratio r = log(a) - log(b).
+2. Model: log F = the BaSiC flatfield projected on 2-D Legendre polynomials of total degree
+   K, corrected by a polynomial of the same degree fitted to r (weighted by counts, robust
+   against misregistered or moving objects), with a ridge toward BaSiC's projection where the
+   overlaps say little (the middle of the tile is in no overlap).
+3. K, the ridge and which additive term to subtract (the envelope of the dim tiles, which
+   holds sensor-fixed stray light, or the camera offset) are chosen by 4-fold cross-validation
+   over the pairs: the held-out pairs' median |r - model| decides, and the simplest candidate
+   within one standard error of the best is taken.
+
+Offset (``estimate_offset``): the low envelope of the tiles (a low quantile per pixel, the
+``darkfield`` BaSiC subtracts before its fit) is the
+camera offset plus the light the dimmest tiles still carry, and that light is modulated by the
+flatfield. The offset is the affine (constant + gradient) part of the envelope's lower support
+after an F-shaped light floor is taken out (quantile regression). Where every tile carries
+light at every pixel (a dense stain, no bare slide) the two cannot be told apart well; when
+that floor exceeds half the offset, the plane is flagged so the user can give the offset
+(``basic.darkfield: <counts>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.polynomial import legendre
+from scipy import ndimage
+
+DEGREES = (2, 4, 6)              # candidate total degrees of the log-flatfield polynomial
+RIDGES = (1.0, 1e-2, 1e-4, 1e-6)  # candidate pulls toward BaSiC's projection (per sample, weights mean 1)
+FOLDS = 4
+MIN_SAMPLES = 500                # fewer usable overlap samples: BaSiC's flatfield is kept
+MAX_SAMPLES = 60000              # overlap samples used per plane (evenly thinned beyond)
+ROBUST_C = 3.0                   # Cauchy weight scale, in robust stds of the residual
+ENVELOPE_SIGMA = 6.0             # the low envelope smoothed further (working-size px): offsets are smooth, nuclei not
+SUPPORT_QUANTILE = 0.05          # the offset model lies under this fraction of the envelope
+GRID = 32                        # the envelope is fitted on GRID x GRID block means
+UNCERTAIN_FLOOR = 0.5            # flagged when the envelope's light floor exceeds this fraction of the offset
+                                 # (synthetic sweep: floor/offset < 0.5 -> offset within 10 %; 0.65-15 -> 4-160 %)
+
+
+def _basis(y, x, degree: int) -> np.ndarray:
+    """2-D Legendre polynomials P_i(y) P_j(x), i + j <= degree, at y, x in [-1, 1]; (n, terms),
+    ordered by total degree (so the columns of a lower degree come first)."""
+    cols = []
+    for total in range(degree + 1):
+        for i in range(total + 1):
+            j = total - i
+            cy = np.zeros(i + 1)
+            cy[i] = 1
+            cx = np.zeros(j + 1)
+            cx[j] = 1
+            cols.append(legendre.legval(y, cy) * legendre.legval(x, cx))
+    return np.stack(cols, -1)
+
+
+def _terms(degree: int) -> int:
+    return (degree + 1) * (degree + 2) // 2
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """How a plane's flatfield was refined."""
+
+    degree: int | None           # None: too few overlap samples, BaSiC's flatfield kept
+    ridge: float
+    additive: str                # "envelope" or "offset": what was subtracted before the ratios
+    samples: int
+    seam_before: float           # median |log ratio| of the overlaps with BaSiC's flatfield
+    seam_after: float            # ... with the refined one
+
+
+def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin: int = MAX_SAMPLES):
+    """(ya, xa, yb, xb, ca, cb): working-size coordinates of each overlap sample in tile a and b
+    and the two readings minus ``additive``. ``pairs``: (a, b, (dy, dx)) with b's top-left relative
+    to a's in full-resolution px; ``scale``: working size / tile size per axis."""
+    n, hs, wsx = tiles.shape
+    yy, xx = np.mgrid[0:hs, 0:wsx].astype(np.float64)
+    inner = (yy >= 1) & (yy <= hs - 2) & (xx >= 1) & (xx <= wsx - 2)   # the outermost working px averages
+    parts = []                                                          # across the tile's border
+    for a, b, (dy, dx) in pairs:
+        yb, xb = yy - dy * scale[0], xx - dx * scale[1]
+        inside = inner & (yb >= 1) & (yb <= hs - 2) & (xb >= 1) & (xb <= wsx - 2)
+        if inside.sum() < 4:
+            continue
+        ya, xa, yb, xb = yy[inside], xx[inside], yb[inside], xb[inside]
+        ca = tiles[a][inside] - additive[inside]
+        cb = ndimage.map_coordinates(tiles[b] - additive, [yb, xb], order=1)
+        ok = (ca > 0) & (cb > 0)
+        parts.append(np.stack([ya[ok], xa[ok], yb[ok], xb[ok], ca[ok], cb[ok], np.full(ok.sum(), len(parts))]))
+    if not parts:
+        return np.zeros((7, 0))
+    s = np.concatenate(parts, axis=1)
+    step = max(1, s.shape[1] // thin)
+    return s[:, ::step]
+
+
+def _design(s: np.ndarray, shape, degree: int):
+    norm = lambda v, n: 2 * v / (n - 1) - 1
+    ya, xa, yb, xb, ca, cb, pair = s
+    A = _basis(norm(ya, shape[0]), norm(xa, shape[1]), degree) - _basis(norm(yb, shape[0]), norm(xb, shape[1]), degree)
+    r = np.log(ca) - np.log(cb)
+    w = ca * cb / (ca + cb)          # inverse variance of r for Poisson counts
+    return A[:, 1:], r, w / w.mean(), pair.astype(int)
+
+
+def _robust_weights(A, r, w, iterations: int = 3) -> np.ndarray:
+    """Counts weights times Cauchy weights of the residual of a loose fit (misregistered or moving
+    objects, dust on one tile only)."""
+    wt = w.copy()
+    for _ in range(iterations):
+        Aw = A * wt[:, None]
+        c = np.linalg.solve(Aw.T @ A + 1e-9 * len(r) * np.eye(A.shape[1]), Aw.T @ r)
+        res = r - A @ c
+        sig = 1.4826 * np.median(np.abs(res)) + 1e-9
+        wt = w / (1 + (res / (ROBUST_C * sig)) ** 2)
+    return wt
+
+
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cw = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cw, 0.5 * cw[-1])])
+
+
+def _cv_candidates(A, r, wt, pair, prior, degrees, ridges):
+    """[(mean held-out score, its standard error, degree, ridge)] for every candidate."""
+    fold = pair % FOLDS
+    out = []
+    grams = []
+    for k in range(FOLDS):
+        tr = fold != k
+        Aw = A[tr] * wt[tr, None]
+        grams.append((Aw.T @ A[tr], Aw.T @ r[tr], int(tr.sum())))
+    for degree in degrees:
+        m = _terms(degree) - 1
+        for ridge in ridges:
+            scores = []
+            for k in range(FOLDS):
+                G, g, n = grams[k]
+                held = fold == k
+                if not held.any():
+                    continue
+                reg = ridge * n * np.eye(m)
+                c = np.linalg.solve(G[:m, :m] + reg, g[:m] + reg @ prior[:m])
+                scores.append(_weighted_median(np.abs(r[held] - A[held, :m] @ c), wt[held]))
+            out.append((float(np.mean(scores)), float(np.std(scores) / np.sqrt(len(scores))), degree, ridge))
+    return out
+
+
+def _seam(s: np.ndarray, r: np.ndarray, wt: np.ndarray, flat: np.ndarray) -> float:
+    """Median |log ratio| of the overlap samples left after correcting both readings by ``flat``."""
+    ya, xa, yb, xb = s[:4]
+    lf = np.log(np.maximum(flat, 1e-6))
+    model = ndimage.map_coordinates(lf, [ya, xa], order=1) - ndimage.map_coordinates(lf, [yb, xb], order=1)
+    return _weighted_median(np.abs(r - model), wt)
+
+
+def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict, pairs, scale) -> tuple:
+    """The plane's flatfield (working size, mean 1) refined on the overlaps; see the module doc.
+
+    ``tiles``: (N, ws, ws) working-size tiles (host); ``basic_flat``: BaSiC's flatfield (ws, ws);
+    ``additives``: {"envelope": .., "offset": ..} candidate additive terms (ws, ws), in order of
+    preference when they tie. Returns (flatfield, Refinement)."""
+    shape = basic_flat.shape
+    yy, xx = np.mgrid[0:shape[0], 0:shape[1]].astype(np.float64)
+    B = _basis(2 * yy.ravel() / (shape[0] - 1) - 1, 2 * xx.ravel() / (shape[1] - 1) - 1, max(DEGREES))
+    log_prior = np.log(np.maximum(basic_flat, 1e-6)).ravel()
+    prior = np.linalg.lstsq(B, log_prior, rcond=None)[0][1:]     # BaSiC's shape, as polynomial coefficients
+    designs, candidates = {}, []
+    for rank, (name, add) in enumerate(additives.items()):
+        s = overlap_samples(tiles, add, pairs, scale)
+        if s.shape[1] < MIN_SAMPLES:
+            continue
+        A, r, w, pair = _design(s, shape, max(DEGREES))
+        wt = _robust_weights(A, r, w)
+        designs[name] = (s, A, r, wt)
+        candidates += [c + (rank, name) for c in _cv_candidates(A, r, wt, pair, prior, DEGREES, RIDGES)]
+    if not candidates:
+        return basic_flat, Refinement(None, 0.0, "", 0, float("nan"), float("nan"))
+    best = min(candidates, key=lambda c: c[0])
+    # the simplest within one standard error of the best: lowest degree, strongest pull to BaSiC
+    _, _, degree, ridge, _, name = min((c for c in candidates if c[0] <= best[0] + best[1]),
+                                       key=lambda c: (c[2], -c[3], c[4]))
+    s, A, r, wt = designs[name]
+    m = _terms(degree) - 1
+    reg = ridge * len(r) * np.eye(m)
+    Aw = A[:, :m] * wt[:, None]
+    c = np.linalg.solve(Aw.T @ A[:, :m] + reg, Aw.T @ r + reg @ prior[:m])
+    log_f = (B[:, 1:m + 1] @ c).reshape(shape)
+    flat = np.exp(log_f)
+    flat /= flat.mean()
+    return flat.astype(np.float32), Refinement(degree, ridge, name, len(r), _seam(s, r, wt, basic_flat),
+                                               _seam(s, r, wt, flat))
+
+
+def _quantile_fit(A: np.ndarray, b: np.ndarray, tau: float, iterations: int = 60) -> np.ndarray:
+    """Linear quantile regression (the tau-th quantile of b given A) by iteratively reweighted LS."""
+    c = np.linalg.lstsq(A, b, rcond=None)[0]
+    eps = 1e-3 * (float(np.abs(b - A @ c).mean()) + 1e-12)
+    for _ in range(iterations):
+        res = b - A @ c
+        w = np.sqrt(np.where(res >= 0, tau, 1 - tau) / np.maximum(np.abs(res), eps))
+        c = np.linalg.lstsq(A * w[:, None], b * w, rcond=None)[0]      # lstsq: a flat regressor is no error
+    return c
+
+
+@dataclass(frozen=True)
+class Offset:
+    image: np.ndarray            # (ws, ws) camera offset, affine
+    light_floor: float           # mean light the envelope still holds above it (F-shaped part)
+    uncertain: bool              # the light floor is large next to the offset: every tile carries light
+
+
+def estimate_offset(envelope: np.ndarray, flat: np.ndarray) -> Offset:
+    """Camera offset under the low envelope (``basic.estimate_darkfield``: what the dimmest tiles
+    show): envelope = offset (affine) + m * flatfield + rest, fitted as the SUPPORT_QUANTILE lower
+    support on GRID x GRID block means; m >= 0."""
+    envelope = ndimage.gaussian_filter(np.asarray(envelope, np.float64), ENVELOPE_SIGMA, mode="nearest")
+    h, w = envelope.shape
+    fy, fx = max(1, h // GRID), max(1, w // GRID)
+    gy, gx = h // fy, w // fx
+    blocks = lambda a: a[:gy * fy, :gx * fx].reshape(gy, fy, gx, fx).mean(axis=(1, 3))
+    L, F = blocks(envelope.astype(np.float64)), blocks(flat.astype(np.float64))
+    yy, xx = np.mgrid[0:gy, 0:gx] / np.array([max(gy - 1, 1), max(gx - 1, 1)])[:, None, None]
+    A = np.stack([np.ones(L.size), yy.ravel(), xx.ravel(), F.ravel()], 1)
+    c = _quantile_fit(A, L.ravel(), SUPPORT_QUANTILE)
+    if c[3] < 0:                                   # light cannot be negative: no floor
+        c = np.append(_quantile_fit(A[:, :3], L.ravel(), SUPPORT_QUANTILE), 0.0)
+    Y, X = np.mgrid[0:h, 0:w] / np.array([max(h - 1, 1), max(w - 1, 1)])[:, None, None]
+    image = np.maximum(c[0] + c[1] * Y + c[2] * X, 0).astype(np.float32)
+    floor = float(c[3] * flat.mean())
+    return Offset(image, floor, floor > UNCERTAIN_FLOOR * float(image.mean()))
+
+
+@dataclass(frozen=True)
+class PlaneShading:
+    """A plane's shading at working size: what the stitch stage corrects with."""
+
+    flatfield: np.ndarray        # mean 1
+    darkfield: np.ndarray        # the camera offset, subtracted from the output
+    refinement: Refinement
+    offset: str                  # "fitted", "given" or "off"
+    light_floor: float = 0.0     # light the dimmest tiles carry above the fitted offset (mean counts)
+    offset_uncertain: bool = False
+
+
+def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray | None, pairs, scale,
+                known_offset: np.ndarray | None = None) -> PlaneShading:
+    """Flatfield and offset of one plane (host arrays at working size); see the module doc.
+
+    ``envelope``: BaSiC's darkfield (the low envelope; None when the darkfield is off);
+    ``known_offset``: the offset the user gave (a constant or a dark frame at working size)."""
+    if envelope is None:                          # basic.darkfield: false
+        zero = np.zeros_like(basic_flat)
+        flat, ref = refine_flatfield(tiles, basic_flat, {"offset": zero}, pairs, scale)
+        return PlaneShading(flat, zero, ref, "off")
+    if known_offset is not None:
+        flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": known_offset}, pairs, scale)
+        return PlaneShading(flat, known_offset.astype(np.float32), ref, "given")
+    first, _ = refine_flatfield(tiles, basic_flat, {"envelope": envelope}, pairs, scale)
+    off = estimate_offset(envelope, first)
+    flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": off.image}, pairs, scale)
+    return PlaneShading(flat, off.image, ref, "fitted", off.light_floor, off.uncertain)
