@@ -29,33 +29,68 @@ def test_edf_matches_sharp_truth_and_beats_max_projection(synth, xp):
     c_oracle = _corr(oracle, sharp)
     print(f"EDF correlation with the in-focus truth {c_edf:.4f}, oracle plane choice {c_oracle:.4f}, "
           f"max projection {c_max:.4f}")
-    # better than the best single plane per pixel (interpolation through focus), far above a max projection
-    assert c_edf >= 0.998 and c_edf > c_oracle and c_edf > c_max
+    # as good as the plane nearest the true depth (bounded by the data, it cannot rise above the brightest
+    # recorded plane where the sheet lies between two), far above a max projection
+    assert c_edf >= 0.998 and c_edf >= c_oracle - 0.0005 and c_edf > c_max
     # the focus map follows the true depth
     tissue = synth.tissue[:depth.shape[0], :depth.shape[1]] > 0.9
     err = np.abs(xpmod.to_host(res.focus_index) - depth)[tissue]
     assert np.median(err) < 0.5
 
 
-def test_quality_gate_drops_bad_planes_and_fails_below_three():
+def test_quality_gate_judges_faults_not_zero_background():
     rng = np.random.default_rng(0)
-    stack = rng.integers(100, 1000, (5, 64, 64)).astype(np.uint16)
-    stack[0, :20] = 0          # 31 % zeros
-    stack[4, :10] = 65535      # 16 % saturated
-    kept, dropped = edf.quality_gate(edf.plane_stats(stack, 65535))
-    assert kept == [1, 2, 3] and set(dropped) == {0, 4}
-    stack[2, :30] = 0
-    with pytest.raises(edf.EDFError, match="only 2 of 5 z-planes usable.*Z001.*zero.*Z003.*Z005: 16% saturated"):
-        edf.quality_gate(edf.plane_stats(stack, 65535))
+    tiles = rng.integers(100, 1000, (5, 4, 32, 32)).astype(np.uint16)      # z, tile, y, x
+    tiles[:, :, :20] = 0                       # background-subtracted: 62 % zeros everywhere, no fault
+    tiles[4, 1, :10] = 65535                   # one tile of plane 5 saturated (31 %)
+    tiles[2, 3] = 0                            # one dropped frame in plane 3
+    stats = [[edf.tile_stats(t) for t in plane] for plane in tiles]
+    kept, bad = edf.quality_gate(stats)
+    assert kept == [0, 1, 2, 3, 4]             # a bad tile costs its plane nothing elsewhere
+    assert bad[4] == {1: "31% saturated"} and bad[2] == {3: "one value throughout (a dropped frame)"}
+    assert not bad[0] and not bad[1] and not bad[3]
+    tiles[[0, 1, 3]] = 7                       # three planes recorded nothing at all
+    with pytest.raises(edf.EDFError, match="only 2 of 5 z-planes usable.*Z001: one value.*Z002.*Z004"):
+        edf.quality_gate([[edf.tile_stats(t) for t in plane] for plane in tiles])
 
 
-def test_edf_uses_only_kept_planes(synth, xp):
-    stack = synth.stack(1, 1) + 0.1   # recorded data sits on an offset: never exactly zero
-    stack[3] = 0.0  # a dead plane: dropped by the gate, never chosen
-    kept, _ = edf.quality_gate(edf.plane_stats(stack, None))
-    assert 3 not in kept
-    res = edf.extended_depth_of_field(xpmod.to_device(stack, xp), kept=kept)
-    assert _corr(xpmod.to_host(res.image), synth.in_focus(1, 1)) > 0.98
+def test_edf_is_bounded_by_the_data(synth, xp):
+    stack = synth.stack(1, 1)
+    res = xpmod.to_host(edf.extended_depth_of_field(xpmod.to_device(stack, xp)).image)
+    assert (res >= stack.min(axis=0) - 1e-6).all() and (res <= stack.max(axis=0) + 1e-6).all()
+
+
+def test_edf_of_real_pollen_stack_is_bounded_and_kept(realdata, xp):
+    """pollen_truth.tif: real, background-subtracted (29-58 % exact zeros per plane). Every plane is
+    kept (was: all 32 refused), every EDF pixel lies between its own z-min and z-max (was: 8.2 %
+    negative, min -1691, up to 12.5 % above the z-max)."""
+    from plexgpu.io.tiff import read_tiff
+
+    stack = read_tiff(realdata / "pollen" / "pollen_truth.tif")
+    kept, bad = edf.quality_gate(edf.stack_stats(stack))
+    assert kept == list(range(stack.shape[0])) and not any(bad)
+    res = xpmod.to_host(edf.extended_depth_of_field(xpmod.to_device(stack.astype(np.float32), xp), kept=kept).image)
+    lo, hi = stack.min(axis=0).astype(np.float32), stack.max(axis=0).astype(np.float32)
+    print(f"pollen EDF: min {res.min():.1f}, below z-min {(res < lo).mean():.2%}, above z-max {(res > hi).mean():.2%}")
+    assert (res >= lo).all() and (res <= hi).all()
+
+
+def test_faulty_tile_is_left_out_only_where_it_lies(synth, xp):
+    stack = synth.stack(1, 1) * 1000 + 100
+    best = edf.extended_depth_of_field(xpmod.to_device(stack, xp))
+    focus = xpmod.to_host(best.focus_index)
+    z = int(np.median(np.rint(focus)))
+    broken = stack.copy()
+    broken[z, :100, :100] = 65535                               # a saturated tile in the sharpest plane
+    mask = np.zeros(stack.shape[1:], bool)
+    mask[:100, :100] = True
+    res = edf.extended_depth_of_field(xpmod.to_device(broken, xp), invalid=lambda k: mask if k == z else None)
+    out, ref = xpmod.to_host(res.image), xpmod.to_host(best.image)
+    assert (out[mask] < 65535).all()                             # never the saturated values
+    far = np.zeros_like(mask)
+    far[130:, 130:] = True                                       # outside the tile (and the focus smoothing)
+    np.testing.assert_allclose(out[far], ref[far], rtol=1e-3)    # the plane is still used everywhere else
+    assert _corr(out[mask], xpmod.to_host(edf.extended_depth_of_field(xpmod.to_device(stack, xp)).image)[mask]) > 0.98
 
 
 @pytest.mark.parametrize("shift", [(3.0, -7.0), (3.4, -7.6), (-20.0, 25.0), (0.0, 0.0)])
@@ -66,10 +101,11 @@ def test_registration_recovers_shift(synth, xp, shift):
     moving = ndimage.shift(ref, shift, order=1) + np.random.default_rng(1).normal(0, 0.01, ref.shape)
     s = registration.measure_shift(xpmod.to_device(ref, xp), xpmod.to_device(moving.astype(np.float32), xp), "cyc002")
     print(f"true {shift}, measured ({s.dy:.2f}, {s.dx:.2f}), significance {s.significance:.0f} > {s.threshold:.1f}")
-    assert abs(s.dy - shift[0]) <= 0.5 and abs(s.dx - shift[1]) <= 0.5
+    assert abs(s.dy - shift[0]) <= 0.05 and abs(s.dx - shift[1]) <= 0.05
     back = xpmod.to_host(registration.apply_shift(xpmod.to_device(moving.astype(np.float32), xp), s, ref.shape))
     m = 40
     assert _corr(back[m:-m, m:-m], ref[m:-m, m:-m]) > 0.99
+    assert back.min() >= 0 or moving.min() < 0                     # no negatives the input did not have
 
 
 def test_synthetic_cycles_register(synth, xp):
@@ -79,7 +115,9 @@ def test_synthetic_cycles_register(synth, xp):
         s = registration.measure_shift(xpmod.to_device(ref, xp), xpmod.to_device(synth.specimen(cycle, 1), xp),
                                        f"cyc{cycle:03d}")
         # the frame moved by (dy, dx) over the specimen: content appears shifted by (-dy, -dx)
-        assert abs(s.dy + dy) <= 0.5 and abs(s.dx + dx) <= 0.5
+        print(f"cyc{cycle:03d}: true ({-dy:.3f}, {-dx:.3f}), measured ({s.dy:.3f}, {s.dx:.3f})")
+        assert not float(dy).is_integer()                    # sub-pixel truth
+        assert abs(s.dy + dy) <= 0.05 and abs(s.dx + dx) <= 0.05
 
 
 def test_unrelated_image_refused(synth, xp):

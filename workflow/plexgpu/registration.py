@@ -2,7 +2,7 @@
 reference-channel EDF to the reference cycle (whitened, windowed phase correlation,
 sub-pixel peak), applied to every channel of that cycle.
 
-A peak below the reliability threshold (the extreme-value bound of a noise-only
+The shift is applied at its sub-pixel value (cubic convolution). A peak below the reliability threshold (the extreme-value bound of a noise-only
 correlation surface) or an ambiguous one is an error naming the cycle: a cycle that
 cannot be registered is never copied unregistered.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from . import xp as xpmod
 from .phasecorr import phase_correlation
+from .subpixel import shift_image
 
 MAX_AMBIGUITY = 0.8
 
@@ -52,8 +53,6 @@ def measure_shift(reference, moving, cycle: str) -> Shift:
 
 
 def apply_shift(img, shift: Shift, shape):
-    """``img`` moved into the reference frame (shape of the reference), linear interpolation."""
-    xp = xpmod.array_module(img)
-    ndi = xpmod.ndimage(xp)
-    img = fit_to_shape(xp.asarray(img, dtype=xp.float32), shape)
-    return ndi.shift(img, (-shift.dy, -shift.dx), order=1, mode="constant", cval=0.0).astype(xp.float32)
+    """``img`` moved into the reference frame (shape of the reference) at the sub-pixel shift,
+    by cubic convolution (linear interpolation blurred by up to half a pixel)."""
+    return shift_image(img, (-shift.dy, -shift.dx), tuple(shape))

@@ -113,7 +113,7 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
                 flat = xpmod.to_device(basic.upsample(shade.flatfield, tile_shape), xp)
                 dark = xpmod.to_device(basic.upsample(shade.darkfield, tile_shape), xp)
                 tiles = _read_plane(ctx, spec, ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
-                recorded.setdefault(str(ch), {})[str(z)] = raw_plane_stats(tiles)
+                recorded.setdefault(str(ch), {})[str(z)] = [edf.tile_stats(t) for t in tiles]
                 plane = stitching.blend((basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles), model)
                 del tiles
                 u16, lo, hi = basic.to_uint16(plane)
@@ -127,8 +127,9 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
                  "(of %d)", ch, above, below, spec.z_planes * model.mosaic_shape[0] * model.mosaic_shape[1])
         write_ome(out["profiles"][ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"])
     shading_record = {f"{ch}/{z}": _shading_record(shades[index[(ch, z)]]) for ch, z in planes}
+    footprints = [[int(y), int(x), int(tile_shape[0]), int(tile_shape[1])] for y, x in model.placement]
     write_text_atomic(out["planes"], json.dumps({"recorded": recorded, "saturated_after_correction": saturated,
-                                                 "shading": shading_record}, indent=1))
+                                                 "shading": shading_record, "footprints": footprints}, indent=1))
     return {"planes": len(planes), "fit_s": t_fit, "read_s": t_read, "shading_s": t_shade, "pairs_accepted": n_ok,
             "pairs": len(model.pairs), "saturated": saturated}
 
@@ -171,21 +172,22 @@ def _shading_record(sh) -> dict:
             "seam_after": finite(r.seam_after)}
 
 
-def raw_plane_stats(tiles: list[np.ndarray]) -> dict:
-    """What the camera recorded in one plane: fraction of zero and of saturated pixels."""
-    n = sum(t.size for t in tiles)
-    top = np.iinfo(tiles[0].dtype).max if tiles[0].dtype.kind == "u" else np.inf
-    zeros = sum(int(np.count_nonzero(t == 0)) for t in tiles)
-    sat = sum(int(np.count_nonzero(t >= top)) for t in tiles)
-    return {"zero_fraction": zeros / n, "saturated_fraction": sat / n}
-
-
 # ----------------------------------------------------------------------------- deconvolve
 def optics_for(spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, channel: int) -> psf.Optics:
     return psf.Optics(pixel_size_um=spec.pixel_size_um, z_step_um=spec.z_step_um, na=optics_cfg["na"],
                       immersion_index=optics_cfg["immersion_index"], sample_index=optics_cfg["sample_index"],
                       emission_nm=spec.emission(channel), model=decon_cfg["psf_model"],
                       depth_um=(spec.z_planes - 1) * spec.z_step_um / 2)
+
+
+def kernel_for(spec: CycleSpec, o: psf.Optics, decon_cfg: dict, channel: int, n_planes: int):
+    """The channel's PSF: measured (deconvolution.psf_file) on the data's grid, or computed from the optics."""
+    path = psf.file_for(decon_cfg, channel)
+    if path:
+        voxel = decon_cfg.get("psf_voxel_um")
+        return psf.measured(path, tuple(voxel) if voxel else None, spec.z_step_um, spec.pixel_size_um,
+                            max_planes=2 * n_planes - 1)
+    return psf.psf(o, *psf.default_half_size(o, n_planes))
 
 
 def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, inputs: dict, out: dict):
@@ -197,8 +199,7 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
         stack = StackReader(inputs[ch])       # ZYX: at least MIN_PLANES planes (checked with the raw data)
         shape = stack.shape
         o = optics_for(spec, optics_cfg, decon_cfg, ch)
-        hz, hxy = psf.default_half_size(o, shape[0])
-        kernel = psf.psf(o, hz, hxy)
+        kernel = kernel_for(spec, o, decon_cfg, ch, shape[0])
         budget = deconvolution.memory_budget(ctx.xp, shape)
         chunk = deconvolution.chunk_for_budget(shape, kernel.shape, budget, decon_cfg["chunk_px"])
         halo = deconvolution.default_halo(kernel.shape)
@@ -213,27 +214,44 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
                         [spec.marker(ch)]) as result:
             deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp, workers=ctx.workers,
                                      progress=lambda d, t: advance(), out=result, flux=flux)
-        log.info("CH%d: PSF %s (%s, %.0f nm), %d iterations in %.1f s, flux ratio %.4f", ch, kernel.shape,
-                 o.model, o.emission_nm, decon_cfg["iterations"], time.perf_counter() - t0,
-                 flux["out"] / max(flux["in"], 1e-12))
+        log.info("CH%d: PSF %s (%s), %d iterations in %.1f s, flux ratio %.4f", ch, kernel.shape,
+                 psf.file_for(decon_cfg, ch) or f"{o.model}, {o.emission_nm:.0f} nm", decon_cfg["iterations"],
+                 time.perf_counter() - t0, flux["out"] / max(flux["in"], 1e-12))
 
 
 # ----------------------------------------------------------------------------- edf
 def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, deconvolved: dict, planes_json: str,
                    out: dict, focus_out: dict):
-    """EDF per channel; the quality gate judges what the camera recorded in each plane."""
-    recorded = json.loads(Path(planes_json).read_text())["recorded"]
+    """EDF per channel; the quality gate judges what the camera recorded in each tile of each
+    plane, and a faulty tile is left out of its plane where it lies in the mosaic only."""
+    planes = json.loads(Path(planes_json).read_text())
+    recorded, footprints = planes["recorded"], planes["footprints"]
     for ch in spec.channels:
         stats = [recorded[str(ch)][str(z)] for z in range(1, spec.z_planes + 1)]
-        kept, dropped = edf.quality_gate(stats, label=f"{spec.key} CH{ch}: ")
-        for z, why in dropped.items():
-            log.warning("CH%d: z-plane %d dropped from EDF: %s", ch, z + 1, why)
+        kept, bad = edf.quality_gate(stats, label=f"{spec.key} CH{ch}: ")
+        for z, faults in enumerate(bad):
+            for t, why in faults.items():
+                log.warning("CH%d Z%03d: tile %d left out of the EDF where it lies: %s", ch, z + 1, t + 1, why)
         stack = StackReader(deconvolved[ch])             # read plane by plane, never whole
-        res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp)
+        res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp,
+                                          invalid=_fault_masks(bad, footprints, stack.shape[1:]))
         write_ome(out[ch], xpmod.to_host(res.image), "YX", spec.pixel_size_um, None, [spec.marker(ch)])
         write_ome(focus_out[ch], xpmod.to_host(res.focus_index), "YX", spec.pixel_size_um, None,
                   ["focus index"])
         log.info("CH%d: EDF from %d of %d planes", ch, len(kept), stack.shape[0])
+
+
+def _fault_masks(bad: list[dict], footprints: list, shape):
+    """invalid(z) for the EDF: the mosaic footprints of plane z's faulty tiles (None: none)."""
+    def invalid(z):
+        if not bad[z]:
+            return None
+        mask = np.zeros(shape, bool)
+        for t in bad[z]:
+            y, x, h, w = footprints[t]
+            mask[y:y + h, x:x + w] = True
+        return mask
+    return invalid
 
 
 # ----------------------------------------------------------------------------- registration

@@ -40,6 +40,7 @@ import numpy as np
 
 from . import xp as xpmod
 from .phasecorr import ncc, noise_threshold, phase_correlation
+from .subpixel import shift_fraction
 
 MAX_AMBIGUITY = 0.7      # second peak / first peak above this = repetitive texture
 MAX_RESIDUAL_PX = 2.0    # an accepted pair disagreeing more than this with the solution is dropped
@@ -378,27 +379,6 @@ def ramp_weights(xp, tile_shape: tuple[int, int], ramp: int):
     wy = xp.minimum(xp.arange(1, h + 1), xp.arange(h, 0, -1)).astype(xp.float32)
     wx = xp.minimum(xp.arange(1, w + 1), xp.arange(w, 0, -1)).astype(xp.float32)
     return xp.clip(wy / ramp, 0, 1)[:, None] * xp.clip(wx / ramp, 0, 1)[None, :]
-
-
-def _keys(x: np.ndarray) -> np.ndarray:
-    """Cubic convolution kernel (Keys, IEEE TASSP 29, 1153 (1981), a = -0.5) at distances x."""
-    x = np.abs(x)
-    return np.where(x <= 1, (1.5 * x - 2.5) * x * x + 1,
-                    np.where(x < 2, ((-0.5 * x + 2.5) * x - 4) * x + 2, 0.0))
-
-
-def shift_fraction(tile, frac):
-    """``tile`` moved by a fraction of a pixel: out[k] = tile(k - frac) per axis, frac in [0, 1),
-    by separable 4-tap cubic convolution (borders: nearest). Flux and flat areas are kept."""
-    xp = xpmod.array_module(tile)
-    ndi = xpmod.ndimage(xp)
-    out = tile.astype(xp.float32, copy=False)
-    for axis, f in enumerate(frac):
-        if f == 0:
-            continue
-        taps = _keys(np.arange(-2, 2) + f)          # neighbours k-2 .. k+1 of the sample point k - f
-        out = ndi.correlate1d(out, xp.asarray((taps / taps.sum()).astype(np.float32)), axis=axis, mode="nearest")
-    return out
 
 
 def blend(tiles, model: StitchModel, ramp: int | None = None):
