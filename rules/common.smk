@@ -71,6 +71,12 @@ def dark_frame(wildcards):
     return [setting] if isinstance(setting, str) else []
 
 
+def psf_files(wildcards):
+    """The measured PSF files of deconvolution.psf_file (a rerun follows them)."""
+    files = config["deconvolution"]["psf_file"]
+    return sorted(set(files.values())) if isinstance(files, dict) else [files] if files else []
+
+
 def res(rule_name, key):
     """A rule's resource from config key resources.<rule>.<key> (defaults in the schema)."""
     return config["resources"][rule_name][key]

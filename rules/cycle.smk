@@ -34,6 +34,7 @@ rule stitch:
 rule deconvolve:
     input:
         stitched=per_channel(STITCHED),
+        psf=psf_files,
     output:
         deconvolved=per_channel(DECONVOLVED),
     params:

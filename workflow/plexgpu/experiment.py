@@ -148,6 +148,19 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
         for c, (shape, dtype) in shapes.items():
             if len(shape) != 2:
                 raise RawDataError(f"cycle {c}: tiles must be 2-D (Y, X) images, found shape {shape}")
+        decon = config["deconvolution"]
+        files = decon.get("psf_file")
+        for ch in exp.channels if files else []:       # a measured PSF: readable, a z-stack, with its voxel size
+            from . import psf
+
+            path = psf.file_for(decon, ch)
+            if path is None:
+                raise RawDataError(f"config key deconvolution.psf_file gives no PSF for channel {ch}")
+            try:
+                psf.measured(path, tuple(decon["psf_voxel_um"]) if decon.get("psf_voxel_um") else None,
+                             exp.z_step_um, exp.pixel_size_um)
+            except psf.PSFError as exc:
+                raise RawDataError(str(exc)) from None
         dark = config["basic"].get("darkfield", True)
         if isinstance(dark, str):                 # a dark frame: readable and of the tiles' shape, before any job
             from .basic import known_offset

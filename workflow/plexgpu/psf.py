@@ -8,7 +8,13 @@ own grid (pixel size, z step) and normalised to sum 1.
   ``k p (sqrt(ns^2 - (NA rho)^2) - sqrt(ni^2 - (NA rho)^2))``.
 
 Each pixel value integrates the PSF over the pixel area (supersampled), so a PSF can
-never be sampled on a finer grid than the image it deconvolves.
+never be sampled on a finer grid than the image it deconvolves. The lateral extent is a disk
+(the box's inscribed circle, with a cosine edge over its outer EDGE_FRACTION), so defocus
+rings are cut round, not square, where the box is smaller than the defocus cone.
+
+``measured``: a PSF the user imaged (a bead z-stack), resampled to the data's grid: its
+background (the median of the stack's outer shell) taken off, negatives set to 0, its peak
+moved to the centre, integrated over the data's voxels where it was sampled finer, summed to 1.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from scipy import special
 N_RHO = 600            # Gauss-Legendre nodes over the pupil radius
 SUPERSAMPLE = 3        # sub-samples per pixel and axis
 MAX_HALF_XY = 64       # lateral half size cap (px)
+EDGE_FRACTION = 0.15   # the disk's outer part where the PSF is tapered to 0 (cosine)
 
 
 @dataclass(frozen=True)
@@ -88,8 +95,79 @@ def psf(o: Optics, half_z: int, half_xy: int) -> np.ndarray:
     for i in range(len(z_um)):
         img = np.interp(rr, r_grid, prof[i])
         out[i] = img.reshape(n, SUPERSAMPLE, n, SUPERSAMPLE).mean(axis=(1, 3))
+    out *= _disk(half_xy)[None]
     out /= out.sum()
     return out.astype(np.float32)
+
+
+def _disk(half: int) -> np.ndarray:
+    """1 inside the box's inscribed circle, a cosine taper to 0 over its outer EDGE_FRACTION, 0 beyond."""
+    r = np.hypot(*np.mgrid[-half:half + 1, -half:half + 1]) / max(half + 0.5, 1)
+    edge = np.clip((r - (1 - EDGE_FRACTION)) / EDGE_FRACTION, 0, 1)
+    return 0.5 * (1 + np.cos(np.pi * edge))
+
+
+def file_for(decon_cfg: dict, channel: int) -> str | None:
+    """The measured PSF of a channel from deconvolution.psf_file (one file, or {channel: path})."""
+    f = decon_cfg.get("psf_file")
+    return f.get(str(channel)) if isinstance(f, dict) else f
+
+
+class PSFError(ValueError):
+    """A measured PSF that cannot be used; the message names the file and the config key."""
+
+
+def measured(path, voxel_um: tuple[float, float, float] | None, z_step_um: float, pixel_size_um: float,
+             max_planes: int | None = None) -> np.ndarray:
+    """A measured PSF (TIFF z-stack) on the data's grid (``z_step_um``, ``pixel_size_um``), sum 1,
+    odd-sized with its peak at the centre. ``voxel_um`` (z, y, x) of the file; None: from its OME
+    metadata (PhysicalSizeZ/Y/X). ``max_planes``: cut to at most this many planes (2 nz - 1)."""
+    import tifffile
+    from scipy import ndimage
+
+    key = "config key deconvolution.psf_file"
+    try:
+        with tifffile.TiffFile(path) as tif:
+            data = tif.asarray().astype(np.float64)
+            ome = tif.ome_metadata
+    except Exception as exc:  # tifffile raises several types for a broken file
+        raise PSFError(f"{key}: {path} cannot be read as a TIFF ({exc})") from None
+    data = np.squeeze(data)
+    if data.ndim != 3 or min(data.shape) < 3:
+        raise PSFError(f"{key}: {path} must be a z-stack (Z, Y, X) of at least 3 planes, found shape {data.shape}")
+    if voxel_um is None:
+        voxel_um = _ome_voxel(ome)
+        if voxel_um is None:
+            raise PSFError(f"{key}: {path} has no PhysicalSizeZ/Y/X in OME metadata; give "
+                           "deconvolution.psf_voxel_um: [z, y, x]")
+    shell = np.concatenate([data[[0, -1]].ravel(), data[:, [0, -1]].ravel(), data[:, :, [0, -1]].ravel()])
+    data = np.maximum(data - np.median(shell), 0)
+    if data.sum() <= 0:
+        raise PSFError(f"{key}: {path} holds no light above its background")
+    # to the data's grid: integrate over a data voxel where the PSF is finer, then interpolate
+    factor = np.array([voxel_um[0] / z_step_um, voxel_um[1] / pixel_size_um, voxel_um[2] / pixel_size_um])
+    box = tuple(max(1, int(round(1 / f))) for f in factor)
+    if box != (1, 1, 1):
+        data = ndimage.uniform_filter(data, size=box, mode="constant")
+    if not np.allclose(factor, 1, atol=1e-3):
+        data = np.maximum(ndimage.zoom(data, factor, order=1, grid_mode=True, mode="grid-constant"), 0)
+    peak = np.unravel_index(int(np.argmax(ndimage.gaussian_filter(data, 1))), data.shape)
+    half = [min(p, n - 1 - p) for p, n in zip(peak, data.shape)]
+    if max_planes is not None:
+        half[0] = min(half[0], (max_planes - 1) // 2)
+    out = data[tuple(slice(p - h, p + h + 1) for p, h in zip(peak, half))]
+    return (out / out.sum()).astype(np.float32)
+
+
+def _ome_voxel(ome: str | None) -> tuple[float, float, float] | None:
+    import re
+
+    if not ome:
+        return None
+    sizes = {k: re.search(rf'PhysicalSize{k}="([0-9.eE+-]+)"', ome) for k in "ZYX"}
+    if not all(sizes.values()):
+        return None
+    return tuple(float(sizes[k].group(1)) for k in "ZYX")
 
 
 def fwhm(profile: np.ndarray, spacing: float) -> float:
