@@ -59,10 +59,12 @@ rule deconvolve:
 
 rule edf:
     input:
+        stitched=per_channel(STITCHED),
         deconvolved=per_channel(DECONVOLVED),
         planes=f"{R}/{paths.PLANES}",
     output:
         edf=per_channel(EDF),
+        edf_deconvolved=per_channel(EDF_DECONVOLVED),
         focus=per_channel(FOCUS),
     params:
         spec=lambda wc: SPECS[wc.cycle],

@@ -1,13 +1,17 @@
-# Registration: one GPU job aligning every cycle's EDF to the reference cycle.
+# Registration: one GPU job aligning every cycle's EDFs to the reference cycle (shifts measured on the
+# quantification EDF, applied to both).
 
 
 rule registration:
     input:
-        expand(EDF, cycle=CYCLES, ch=CHANNELS),
+        edf=expand(EDF, cycle=CYCLES, ch=CHANNELS),
+        edf_deconvolved=expand(EDF_DECONVOLVED, cycle=CYCLES, ch=CHANNELS),
     output:
         registered=expand(REGISTERED, cycle=CYCLES, ch=CHANNELS),
+        registered_deconvolved=expand(REGISTERED_DECONVOLVED, cycle=CYCLES, ch=CHANNELS),
         shifts=SHIFTS,
         plex=PLEX,
+        plex_deconvolved=PLEX_DECONVOLVED,
     params:
         specs=[SPECS[c] for c in CYCLES],
         registration=config["registration"],

@@ -116,13 +116,17 @@ def test_outputs_are_real_files_matching_truth(e2e):
             assert read_tiff(res / f"deconvolved/{c}/CH{ch}.ome.tif").dtype == np.float32
             assert read_tiff(res / f"basic/{c}/CH{ch}.profiles.tif").shape[:2] == (5, 2)
             assert read_tiff(res / f"registered/{c}/CH{ch}.ome.tif").shape == edf_img.shape
+            assert read_tiff(res / f"registered/{c}/CH{ch}.deconvolved.ome.tif").shape == edf_img.shape
+            for name in ("edf/{c}/CH{ch}.ome.tif", "edf/{c}/CH{ch}.deconvolved.ome.tif", "registered/{c}/CH{ch}.ome.tif"):
+                assert read_tiff(res / name.format(c=c, ch=ch)).min() >= 0      # no negatives the data did not have
     # raw data untouched
     assert _digest(raw) == before
 
 
-def test_plex_is_pyramidal_ome_with_markers(e2e):
+@pytest.mark.parametrize("plex", ["plex.ome.tif", "plex_deconvolved.ome.tif"])
+def test_plex_is_pyramidal_ome_with_markers(e2e, plex):
     tmp, raw, *_ = e2e
-    with tifffile.TiffFile(tmp / "results/registered/plex.ome.tif") as tif:
+    with tifffile.TiffFile(tmp / "results/registered" / plex) as tif:
         assert tif.is_ome
         assert len(tif.series[0].levels) >= 2
         ome = tif.ome_metadata

@@ -11,11 +11,14 @@ POSITIONS = "stitched/{cycle}/positions.csv"
 PAIRS = "stitched/{cycle}/pairs.csv"
 PLANES = "stitched/{cycle}/planes.json"
 DECONVOLVED = "deconvolved/{cycle}/CH{ch}.ome.tif"
-EDF = "edf/{cycle}/CH{ch}.ome.tif"
+EDF = "edf/{cycle}/CH{ch}.ome.tif"                          # of the stitched stack: for quantification
+EDF_DECONVOLVED = "edf/{cycle}/CH{ch}.deconvolved.ome.tif"  # of the deconvolved stack: display, segmentation
 FOCUS = "edf/{cycle}/CH{ch}.focus.tif"
 REGISTERED = "registered/{cycle}/CH{ch}.ome.tif"
+REGISTERED_DECONVOLVED = "registered/{cycle}/CH{ch}.deconvolved.ome.tif"
 SHIFTS = "registered/shifts.csv"
-PLEX = "registered/plex.ome.tif"
+PLEX = "registered/plex.ome.tif"                            # measure per-cell intensities here
+PLEX_DECONVOLVED = "registered/plex_deconvolved.ome.tif"    # view and segment here
 ACCOUNTING = "accounting/jobs"
 QC_INDEX = "qc/index.html"
 
@@ -23,7 +26,7 @@ QC_INDEX = "qc/index.html"
 STAGE_OUTPUTS = {
     "stitch": (STITCHED, PROFILES, POSITIONS, PAIRS, PLANES),
     "deconvolve": (DECONVOLVED,),
-    "edf": (EDF, FOCUS),
+    "edf": (EDF, EDF_DECONVOLVED, FOCUS),
 }
 
 

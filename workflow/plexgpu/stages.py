@@ -220,10 +220,16 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
 
 
 # ----------------------------------------------------------------------------- edf
-def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, deconvolved: dict, planes_json: str,
+def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, stacks: dict, planes_json: str,
                    out: dict, focus_out: dict):
-    """EDF per channel; the quality gate judges what the camera recorded in each tile of each
-    plane, and a faulty tile is left out of its plane where it lies in the mosaic only."""
+    """EDF per channel of each stack in ``stacks`` ({"quantification": {ch: stitched path},
+    "deconvolved": {ch: path}}), into ``out`` (same keys); the focus map of the first. The quality
+    gate judges what the camera recorded in each tile of each plane, and a faulty tile is left out
+    of its plane where it lies in the mosaic only.
+
+    Two images because one cannot be both (bench/decon_edf.py): Richardson-Lucy stopped after tens
+    of iterations sharpens but leaves each cell's integrated intensity uneven, while the EDF of the
+    stitched stack keeps it; the first is for quantification, the second for display and segmentation."""
     planes = json.loads(Path(planes_json).read_text())
     recorded, footprints = planes["recorded"], planes["footprints"]
     for ch in spec.channels:
@@ -232,13 +238,16 @@ def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, deconvolved:
         for z, faults in enumerate(bad):
             for t, why in faults.items():
                 log.warning("CH%d Z%03d: tile %d left out of the EDF where it lies: %s", ch, z + 1, t + 1, why)
-        stack = StackReader(deconvolved[ch])             # read plane by plane, never whole
-        res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp,
-                                          invalid=_fault_masks(bad, footprints, stack.shape[1:]))
-        write_ome(out[ch], xpmod.to_host(res.image), "YX", spec.pixel_size_um, None, [spec.marker(ch)])
-        write_ome(focus_out[ch], xpmod.to_host(res.focus_index), "YX", spec.pixel_size_um, None,
-                  ["focus index"])
-        log.info("CH%d: EDF from %d of %d planes", ch, len(kept), stack.shape[0])
+        for i, (kind, paths_) in enumerate(stacks.items()):
+            stack = StackReader(paths_[ch])              # read plane by plane, never whole
+            res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp,
+                                              invalid=_fault_masks(bad, footprints, stack.shape[1:]))
+            write_ome(out[kind][ch], xpmod.to_host(res.image), "YX", spec.pixel_size_um, None, [spec.marker(ch)])
+            if i == 0:
+                write_ome(focus_out[ch], xpmod.to_host(res.focus_index), "YX", spec.pixel_size_um, None,
+                          ["focus index"])
+            del res
+            log.info("CH%d: EDF (%s) from %d of %d planes", ch, kind, len(kept), stack.shape[0])
 
 
 def _fault_masks(bad: list[dict], footprints: list, shape):
@@ -256,36 +265,44 @@ def _fault_masks(bad: list[dict], footprints: list, shape):
 
 # ----------------------------------------------------------------------------- registration
 def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dict, out: dict) -> list:
-    """Align every cycle's EDF to the reference cycle; write registered channels, shifts, plex.
+    """Align every cycle's EDFs to the reference cycle; write registered channels, shifts, plex files.
 
-    ``inputs``: {cycle_key: {ch: path}}; ``out``: {"registered": {cycle_key: {ch: path}},
-    "shifts": path, "plex": path}.
+    ``inputs``: {kind: {cycle_key: {ch: path}}}, the first kind (quantification) measures the shifts
+    and every kind is moved by them; ``out``: {"registered": {kind: {cycle_key: {ch: path}}},
+    "shifts": path, "plex": {kind: path}}.
     """
     xp = ctx.xp
     by_key = {s.key: s for s in specs}
     ref_cycle = reg_cfg.get("reference_cycle") or specs[0].cycle
     ref_key = f"cyc{ref_cycle:03d}"
     ref_ch = reg_cfg["reference_channel"]
-    reference = xpmod.to_device(read_tiff(inputs[ref_key][ref_ch]).astype(np.float32), xp)
+    first = next(iter(inputs))
+    reference = xpmod.to_device(read_tiff(inputs[first][ref_key][ref_ch]).astype(np.float32), xp)
     shape = tuple(reference.shape)
-    shifts, names, registered = [], [], []
+    shifts, names = [], []
+    registered: dict = {kind: [] for kind in inputs}
     advance = ctx.progress("register cycles", len(specs))
     for spec in specs:
         moving = reference if spec.key == ref_key else \
-            xpmod.to_device(read_tiff(inputs[spec.key][ref_ch]).astype(np.float32), xp)
+            xpmod.to_device(read_tiff(inputs[first][spec.key][ref_ch]).astype(np.float32), xp)
         if spec.key == ref_key:
             s = registration.Shift(spec.key, 0.0, 0.0, float("inf"), 0.0)
         else:
             s = registration.measure_shift(reference, moving, spec.key)
         shifts.append(s)
-        log.info("%s: shift (%.2f, %.2f) px, significance %.1f (threshold %.1f)", spec.key, s.dy, s.dx,
+        log.info("%s: shift (%.3f, %.3f) px, significance %.1f (threshold %.1f)", spec.key, s.dy, s.dx,
                  s.significance, s.threshold)
         for ch in spec.channels:
-            img = moving if ch == ref_ch else xpmod.to_device(read_tiff(inputs[spec.key][ch]).astype(np.float32), xp)
-            reg = xpmod.to_host(registration.apply_shift(img, s, shape))
-            write_ome(out["registered"][spec.key][ch], reg, "YX", spec.pixel_size_um, None, [spec.marker(ch)])
-            registered.append(out["registered"][spec.key][ch])
             names.append(spec.marker(ch))
+            for kind in inputs:
+                img = moving if (kind == first and ch == ref_ch) else \
+                    xpmod.to_device(read_tiff(inputs[kind][spec.key][ch]).astype(np.float32), xp)
+                reg = xpmod.to_host(registration.apply_shift(img, s, shape))
+                path = out["registered"][kind][spec.key][ch]
+                write_ome(path, reg, "YX", spec.pixel_size_um, None, [spec.marker(ch)])
+                registered[kind].append(path)
+                del img, reg
+        del moving
         advance()
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -293,9 +310,10 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
     for s in shifts:
         w.writerow([s.cycle, f"{s.dy:.3f}", f"{s.dx:.3f}", "reference" if s.cycle == ref_key else f"{s.significance:.2f}"])
     write_text_atomic(out["shifts"], buf.getvalue())
-    levels = write_pyramidal_ome(out["plex"], lambda c: read_tiff(registered[c]), len(registered), names,
-                                 by_key[ref_key].pixel_size_um)           # one plane in memory at a time
-    log.info("plex.ome.tif: %d channels, %d pyramid levels", len(registered), levels)
+    for kind, paths_ in registered.items():
+        levels = write_pyramidal_ome(out["plex"][kind], lambda c, p=paths_: read_tiff(p[c]), len(paths_), names,
+                                     by_key[ref_key].pixel_size_um)       # one plane in memory at a time
+        log.info("%s: %d channels, %d pyramid levels (%s)", Path(out["plex"][kind]).name, len(paths_), levels, kind)
     return shifts
 
 
