@@ -41,7 +41,13 @@ bench/.venv-basicpy/.ok:
 	bench/.venv-basicpy/bin/pip install -q basicpy==2.0.0
 	@touch $@
 
-bench-env: bench/.venv-basicpy/.ok
+# ASHLAR 1.20 (the stitching peer): its own environment too.
+bench/.venv-ashlar/.ok:
+	$(PYTHON) -m venv bench/.venv-ashlar
+	bench/.venv-ashlar/bin/pip install -q ashlar==1.20.0
+	@touch $@
+
+bench-env: bench/.venv-basicpy/.ok bench/.venv-ashlar/.ok
 
 bench: $(STAMP) bench-env
 	cd bench && PATH="$(CURDIR)/$(BIN):$$PATH" ../$(BIN)/python run_all.py

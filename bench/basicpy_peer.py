@@ -1,5 +1,6 @@
-"""Run basicpy 2.0.0 on tiles saved by bench/basic.py, in basicpy's own environment
-(make bench-env). Prints JSON: seconds per fit and the flat/dark-fields."""
+"""Run basicpy 2.0.0 on tiles saved by a benchmark, in basicpy's own environment (make bench-env).
+Arguments: planes .npz, output .npz, optional JSON of BaSiC settings (default: darkfield,
+sort_intensity, approximate fit). Prints JSON: seconds per fit; writes the flat/dark-fields."""
 
 import json
 import sys
@@ -9,10 +10,11 @@ import numpy as np
 from basicpy import BaSiC
 
 data = np.load(sys.argv[1])
-out = {}
+settings = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {"get_darkfield": True, "sort_intensity": True,
+                                                                 "fitting_mode": "approximate"}
 flats, darks, times = [], [], []
 for k in sorted(data.files):
-    b = BaSiC(get_darkfield=True, sort_intensity=True, fitting_mode="approximate")
+    b = BaSiC(**settings)
     t0 = time.perf_counter()
     b.fit(data[k])
     times.append(time.perf_counter() - t0)

@@ -1,0 +1,186 @@
+"""The stitch stage on hard synthetic regimes, side by side with its peers on the same tiles.
+
+Each regime is written as raw data by ``plexgpu synth`` (5 x 6 tiles of 128 x 160, 20 % overlap,
+snake, Gaussian stage jitter 3 px (sub-pixel), camera turned 0.5 deg, vignetting 55 %, camera
+offset ~100 counts with a gradient and column pattern, Poisson + read noise) and stitched by
+the workflow's own stage function (``stages.stitch``, CPU). Measured against the truth:
+
+* flatfield: relative RMS error per (channel, z) plane, mean and worst plane, with basicpy
+  2.0.0 fitted on the same raw tiles (flat only, its default; and with its darkfield,
+  sort_intensity, approximate fit), and no correction (a flat of ones);
+* darkfield: |estimate - truth| / truth, mean over the tile, worst plane; the planes our job
+  flags as uncertain (every tile carries light everywhere) are counted;
+* positions: each tile's error after removing the common offset, max and median, with ASHLAR
+  1.20's EdgeAligner given the same reference plane corrected by the *true* shading.
+
+  python bench/stitch_sweep.py [--regimes dense,sparse,...] [--no-peers]   (keys of REGIMES)
+"""
+
+import argparse
+import csv
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from common import HERE, timer, write_result
+
+from plexgpu import stages
+from plexgpu.config import validate_config
+from plexgpu.experiment import cycle_spec, resolve_experiment
+from plexgpu.io.raw import grid_layout
+from plexgpu.io.tiff import read_tiff
+from plexgpu.job import job_context
+from plexgpu.synth import SynthDataset, SynthSpec
+
+BASE = dict(cycles=1, rows=5, cols=6, tile=(128, 160), overlap=0.2, z_planes=5, channels=2, jitter_px=3.0,
+            rotation_deg=0.5, vignetting=0.55, dark_offset=100.0, seed=11)
+REGIMES = {   # name: (what it is, SynthSpec settings over BASE)
+    "dense": ("dense stain, no empty pixels", dict(nuclei_density=3.0, tissue_fraction=1.0)),
+    "sparse": ("sparse marker (3 % of cells)", dict(sparse_fraction=0.03)),
+    "bare": ("bare-slide tiles, half the field tissue", dict(tissue_fraction=0.5, blank_tiles=(1, 2, 7))),
+    "vignet20": ("vignetting 20 %", dict(vignetting=0.2)),
+    "vignet60": ("vignetting 60 %, dense", dict(vignetting=0.6, nuclei_density=2.0, tissue_fraction=1.0)),
+    "dark2": ("offset 2 % of the signal", dict(dark_offset=30.0)),
+    "dark30": ("offset 30 % of the signal", dict(dark_offset=450.0)),
+    "rotated": ("camera turned 1.5 deg, 10 % overlap", dict(rotation_deg=1.5, overlap=0.1, tile=(192, 192))),
+}
+VENV_BASICPY = HERE / ".venv-basicpy/bin/python"
+VENV_ASHLAR = HERE / ".venv-ashlar/bin/python"
+
+
+def rel_rms(flat, truth):
+    flat = flat / flat.mean()
+    return float(np.sqrt(np.mean((flat - truth) ** 2)))
+
+
+def position_errors(pos, truth, blank=()):
+    """Max and median error over the tiles with content; max over the blank tiles (placed by the
+    stage model alone: nothing in them can say where they are)."""
+    err = np.asarray(pos, float) - np.asarray(truth, float)
+    err -= np.median(err, axis=0)
+    e = np.abs(err).max(axis=1)
+    content = [i for i in range(len(e)) if i + 1 not in blank]
+    return float(e[content].max()), float(np.median(e[content])), float(max((e[t - 1] for t in blank), default=0))
+
+
+def run_ours(ds: SynthDataset, tmp: Path):
+    raw = ds.write(tmp / "raw")
+    config = validate_config({"raw_dir": str(raw), "results_dir": str(tmp / "results"), "compute": {"device": "cpu"}})
+    spec = cycle_spec(resolve_experiment(config), 1)
+    res = tmp / "results"
+    out = {"stitched": {ch: str(res / f"CH{ch}.ome.tif") for ch in spec.channels},
+           "profiles": {ch: str(res / f"CH{ch}.profiles.tif") for ch in spec.channels},
+           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json")}
+    res.mkdir(parents=True)
+    t = {}
+    with job_context("stitch", str(tmp / "stitch.log"), {"cpus_per_task": 2}, "cpu") as ctx, timer(t, "s"):
+        stages.stitch(ctx, spec, config["basic"], config["stitch"], out)
+    with open(out["positions"]) as fh:
+        pos = [(float(r["y_px"]), float(r["x_px"])) for r in csv.DictReader(fh)]
+    shading = json.loads(Path(out["planes"]).read_text())["shading"]
+    return raw, {ch: read_tiff(out["profiles"][ch]) for ch in spec.channels}, pos, shading, t["s"]
+
+
+def noisy_planes(raw: Path, ds: SynthDataset, ch: int, z: int):
+    from plexgpu.io.raw import tile_filename
+
+    n = ds.spec.rows * ds.spec.cols
+    return np.stack([read_tiff(raw / "cyc001_reg001" / tile_filename(1, t, z, ch)) for t in range(1, n + 1)])
+
+
+def basicpy_runs(planes: list[np.ndarray], settings: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(f"{tmp}/planes.npz", **{f"p{i:03d}": p.astype(np.float32) for i, p in enumerate(planes)})
+        subprocess.run([str(VENV_BASICPY), str(HERE / "basicpy_peer.py"), f"{tmp}/planes.npz", f"{tmp}/out.npz",
+                        json.dumps(settings)], capture_output=True, text=True, check=True)
+        prof = np.load(f"{tmp}/out.npz")
+        return list(zip(prof["flat"], prof["dark"]))
+
+
+def ashlar_positions(ds: SynthDataset, raw: Path):
+    """ASHLAR on the reference plane (CH1, middle z) corrected by the true shading; positions in
+    acquisition order."""
+    spec = ds.spec
+    z = (spec.z_planes + 1) // 2
+    tiles = (noisy_planes(raw, ds, 1, z).astype(np.float32) - ds.darkfield(1, z)) / ds.flatfield(1, z)
+    layout = grid_layout(spec.rows, spec.cols, spec.order)
+    raster = sorted(range(len(layout)), key=lambda i: layout[i])        # acquisition index of each raster slot
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(f"{tmp}/tiles.npz", tiles=np.stack([tiles[i] for i in raster]), rows=spec.rows, cols=spec.cols,
+                 overlap=spec.overlap, max_shift=30.0)
+        out = subprocess.run([str(VENV_ASHLAR), str(HERE / "ashlar_peer.py"), f"{tmp}/tiles.npz"],
+                             capture_output=True, text=True, check=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    pos = np.empty((len(layout), 2))
+    for slot, i in enumerate(raster):
+        pos[i] = res["positions"][slot]
+    return pos, res["seconds"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--no-peers", action="store_true")
+    args = ap.parse_args()
+    peers = not args.no_peers and VENV_BASICPY.exists() and VENV_ASHLAR.exists()
+    rows, worst = [], {}
+    for key in args.regimes.split(","):
+        name, settings = REGIMES[key]
+        spec = SynthSpec(**{**BASE, **settings})
+        ds = SynthDataset(spec)
+        with tempfile.TemporaryDirectory() as tmp:
+            raw, profiles, pos, shading, seconds = run_ours(ds, Path(tmp))
+            keys = [(ch, z) for ch in range(1, spec.channels + 1) for z in range(1, spec.z_planes + 1)]
+            truth = {k: (ds.flatfield(*k), ds.darkfield(*k)) for k in keys}
+            ours_f = [rel_rms(profiles[ch][z - 1, 0], truth[(ch, z)][0]) for ch, z in keys]
+            ours_d = [float(np.abs(profiles[ch][z - 1, 1] - truth[(ch, z)][1]).mean() / truth[(ch, z)][1].mean())
+                      for ch, z in keys]
+            flagged = sum(shading[f"{ch}/{z}"]["offset_uncertain"] for ch, z in keys)
+            ones = [rel_rms(np.ones_like(truth[k][0]), truth[k][0]) for k in keys]
+            pmax, pmed, pblank = position_errors(pos, ds.positions[0], spec.blank_tiles)
+            row = {"what": f"stitch stage, {name}", "ours_s": seconds,
+                   "ours_accuracy": f"flatfield {np.mean(ours_f):.2%} / worst {max(ours_f):.2%}; offset worst "
+                                    f"{max(ours_d):.0%} ({flagged} of {len(keys)} planes flagged uncertain); "
+                                    f"positions max {pmax:.2f} / median {pmed:.2f} px"
+                                    + (f" (blank tiles, by the stage model: {pblank:.2f} px)" if spec.blank_tiles else ""),
+                   "no_correction": f"flat of ones {np.mean(ones):.2%} / worst {max(ones):.2%}"}
+            worst.setdefault("ours_flat_mean", []).append(np.mean(ours_f))
+            worst.setdefault("ours_flat_worst", []).append(max(ours_f))
+            worst.setdefault("ours_pos_max", []).append(pmax)
+            unflagged = [d for (ch, z), d in zip(keys, ours_d) if not shading[f"{ch}/{z}"]["offset_uncertain"]]
+            worst.setdefault("ours_offset_unflagged", []).append(max(unflagged, default=0.0))
+            if peers:
+                planes = [noisy_planes(raw, ds, ch, z) for ch, z in keys]
+                peer_text = []
+                for label, settings in (("default (flat only)", {}),
+                                        ("darkfield, sort_intensity, approximate",
+                                         {"get_darkfield": True, "sort_intensity": True,
+                                          "fitting_mode": "approximate"})):
+                    prof = basicpy_runs(planes, settings)
+                    f = [rel_rms(fl, truth[k][0]) for k, (fl, _) in zip(keys, prof)]
+                    peer_text.append(f"basicpy {label}: flatfield {np.mean(f):.2%} / worst {max(f):.2%}")
+                    worst.setdefault(f"basicpy {label} mean", []).append(np.mean(f))
+                    worst.setdefault(f"basicpy {label} worst", []).append(max(f))
+                apos, aseconds = ashlar_positions(ds, raw)
+                amax, amed, ablank = position_errors(apos, ds.positions[0], spec.blank_tiles)
+                peer_text.append(f"ASHLAR 1.20 (true shading given): positions max {amax:.2f} / median {amed:.2f} px"
+                                 + (f" (blank tiles {ablank:.2f} px)" if spec.blank_tiles else ""))
+                worst.setdefault("ashlar_pos_max", []).append(amax)
+                row.update(peer="basicpy 2.0.0; ASHLAR 1.20", peer_accuracy="; ".join(peer_text), peer_s=aseconds)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    summary = {k: float(max(v)) for k, v in worst.items()}
+    rows.append({"what": f"worst case over {len(rows)} regimes",
+                 "ours_accuracy": f"flatfield mean {summary['ours_flat_mean']:.2%}, worst plane "
+                                  f"{summary['ours_flat_worst']:.2%}; offset (unflagged planes) "
+                                  f"{summary['ours_offset_unflagged']:.0%}; positions max {summary['ours_pos_max']:.2f} px",
+                 "peer_accuracy": "; ".join(f"{k} {v:.2%}" if "basicpy" in k else f"{k} {v:.2f} px"
+                                            for k, v in summary.items() if not k.startswith("ours"))})
+    write_result("stitch_sweep", rows, notes="synthetic regimes written by plexgpu synth; ours = stages.stitch "
+                 "(CPU); peers on the same raw tiles (basicpy) or the same reference plane with true shading (ASHLAR)")
+
+
+if __name__ == "__main__":
+    main()
