@@ -10,19 +10,54 @@ from . import __version__
 from .io.raw import GRID_ORDERS
 
 
+def _console():
+    """A rich console; where output is not a terminal (SLURM logs, pipes) wide enough that no table
+    value is cut (rich sizes its tables to 80 columns there: cyc001_reg0... hid cycle 1 from 11)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=1000, soft_wrap=True)
+
+
 def _fail(message: str) -> int:
     print(f"plexgpu: error: {message}", file=sys.stderr)
     return 2
 
 
+def _pair(value: str, option: str) -> tuple[int, int]:
+    """'ROWSxCOLS' -> (rows, cols), two positive integers, or one line naming the option."""
+    try:
+        a, b = (int(v) for v in value.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"plexgpu: error: {option} must be two positive integers like 3x3, not {value!r}") from None
+    if a < 1 or b < 1:
+        raise SystemExit(f"plexgpu: error: {option} must be two positive integers like 3x3, not {value!r}")
+    return a, b
+
+
 def cmd_synth(args) -> int:
+    from pathlib import Path
+
     from .synth import SynthDataset, SynthSpec
 
-    rows, cols = (int(v) for v in args.grid.lower().split("x"))
-    th, tw = (int(v) for v in args.tile.lower().split("x"))
-    spec = SynthSpec(cycles=args.cycles, rows=rows, cols=cols, tile=(th, tw), z_planes=args.z,
-                     channels=args.channels, seed=args.seed, overlap=args.overlap, order=args.order,
-                     blank_tiles=tuple(args.blank_tiles or ()))
+    rows, cols = _pair(args.grid, "--grid")
+    th, tw = _pair(args.tile, "--tile")
+    out_dir = Path(args.out)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not args.force:
+        return _fail(f"{out_dir} exists and is not empty; plexgpu synth writes a whole dataset into an empty folder "
+                     "(--force to write over it)")
+    try:
+        spec = SynthSpec(cycles=args.cycles, rows=rows, cols=cols, tile=(th, tw), z_planes=args.z,
+                         channels=args.channels, seed=args.seed, overlap=args.overlap, order=args.order,
+                         blank_tiles=tuple(args.blank_tiles or ()))
+        for name, value, low in (("--cycles", args.cycles, 1), ("--z", args.z, 1), ("--channels", args.channels, 1)):
+            if value < low:
+                raise ValueError(f"{name} must be at least {low}, not {value}")
+        if not 0 <= args.overlap < 1:
+            raise ValueError(f"--overlap must be a fraction in [0, 1), not {args.overlap}")
+        if any(t < 1 or t > rows * cols for t in spec.blank_tiles):
+            raise ValueError(f"--blank-tiles must be tile numbers 1..{rows * cols}")
+    except ValueError as exc:
+        return _fail(str(exc))
     t0 = time.perf_counter()
     out = SynthDataset(spec).write(args.out)
     n = spec.cycles * rows * cols * spec.z_planes * spec.channels
@@ -32,7 +67,6 @@ def cmd_synth(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from .config import load_config
@@ -49,7 +83,7 @@ def cmd_validate(args) -> int:
         table.add_row(str(c), inv.folder.name, f"{exp.n_tiles} ({exp.rows}x{exp.cols} {exp.order})",
                       str(inv.z_planes), ",".join(f"CH{ch}" for ch in inv.channels),
                       ", ".join(exp.marker_names(c)))
-    console = Console()
+    console = _console()
     console.print(table)
     console.print(f"tiles {exp.tile_shape} {exp.dtype}, overlap {exp.overlap:.0%}, pixel "
                   f"{exp.pixel_size_um} µm, z-step {exp.z_step_um} µm; compute.device = "
@@ -63,7 +97,14 @@ def snakemake_command(configfiles: list[str], target: str, jobs: int, profile: s
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(","))
+    """'8,12,1.5' -> three positive minutes (stitch, deconvolve, edf), for argparse: one line otherwise."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"three positive minutes for stitch,deconvolve,edf like 8,12,1.5, not {text!r}")
+    return values
 
 
 def cmd_simulate(args, config) -> int:
@@ -77,14 +118,13 @@ def cmd_simulate(args, config) -> int:
         n = args.cycles
     policies = ["gpu-only", "cpu-fallback"] if args.policy == "both" else [args.policy]
     for policy in policies:
-        res = simulate(n, config["accounts"], _floats(args.gpu_minutes), policy, _floats(args.cpu_minutes),
+        res = simulate(n, config["accounts"], args.gpu_minutes, policy, args.cpu_minutes,
                        args.cpu_slots, args.registration_minutes)
         print(res.summary())
     return 0
 
 
 def cmd_plan(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from .assignment import (build_cycle_assignment, check_known_accounts, registration_slot,
@@ -101,7 +141,7 @@ def cmd_plan(args) -> int:
     assignment = build_cycle_assignment(exp.cycle_keys, accounts)
     check_known_accounts(accounts, user_accounts())
     reg = registration_slot(accounts)
-    console = Console()
+    console = _console()
     table = Table(title=f"GPU-only plan: {len(exp.cycles)} cycles, every image job on one GPU")
     for col in ("cycle", "account", "partition", "stages"):
         table.add_column(col)
@@ -169,7 +209,6 @@ def _run_context(args):
 
 
 def cmd_status(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from .rerun import profile_prefix, status
@@ -183,7 +222,7 @@ def cmd_status(args) -> int:
     for s in states:
         c = colour.get(s.state, "white")
         table.add_row(s.cycle, s.stage, f"[{c}]{s.state}[/]", s.detail)
-    Console(width=140).print(table)
+    _console().print(table)
     return 0
 
 
@@ -227,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tile numbering (config key grid.order): snake, rows, or <kind>-<corner> as in the schema")
     s.add_argument("--blank-tiles", type=int, nargs="*")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     s.set_defaults(func=cmd_synth)
 
     v = sub.add_parser("validate", help="check config and raw data; print a summary")
@@ -240,8 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--simulate", action="store_true", help="simulate the run's makespan instead")
     pl.add_argument("--policy", choices=["gpu-only", "cpu-fallback", "both"], default="both")
     pl.add_argument("--cycles", type=int, help="number of cycles (default: those found in raw_dir)")
-    pl.add_argument("--gpu-minutes", default="8,12,1.5", help="stitch,deconvolve,edf minutes on a GPU")
-    pl.add_argument("--cpu-minutes", default="200,60,22", help="stitch,deconvolve,edf minutes on a CPU slot")
+    pl.add_argument("--gpu-minutes", default="8,12,1.5", type=_floats, help="stitch,deconvolve,edf minutes on a GPU")
+    pl.add_argument("--cpu-minutes", default="200,60,22", type=_floats, help="stitch,deconvolve,edf minutes on a CPU slot")
     pl.add_argument("--cpu-slots", type=int, default=1)
     pl.add_argument("--registration-minutes", type=float, default=0.0)
     pl.set_defaults(func=cmd_plan)

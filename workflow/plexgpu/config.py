@@ -74,6 +74,11 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
         if cause is None:
             raise ConfigError(f"config does not match the schema: {exc}".replace("\n", " ")) from None
         raise ConfigError(_describe(cause)) from None
+    names = [a["name"] for a in config.get("accounts", [])]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"config key accounts: {', '.join(twice)} listed more than once; give each account once "
+                          "with all its gpu_slots")
     return config
 
 
@@ -87,6 +92,8 @@ def _describe(error) -> str:
             base = "" if where == "<top level>" else where + "."
             return (f"config key {base}{extra[0]} is not allowed (unknown key, maybe a typo); "
                     f"allowed here: {', '.join(sorted(error.schema.get('properties', {})))}")
+    if error.validator == "pattern" and error.schema.get("description"):
+        return f"config key {where} = {error.instance!r}: {error.schema['description']}"
     if error.validator == "required":
         return f"config key {error.message.split(chr(39))[1]} is required ({where})"
     return f"config key {where}: {error.message}"

@@ -7,6 +7,7 @@ neither gives is an error naming the config key.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from .edf import MIN_PLANES
 from .io.metadata import read_experiment_json, read_marker_file
 from .io.raw import (CycleInventory, RawDataError, check_headers, cycle_key, grid_layout,
                      inventory_cycle, select_cycle_dirs)
+
+log = logging.getLogger("plexgpu")
 
 #: emission peaks of the usual CODEX channels (DAPI, AF488/ATTO550/Cy5-class dyes), nm
 DEFAULT_EMISSION_NM = {1: 461.0, 2: 520.0, 3: 570.0, 4: 670.0}
@@ -55,6 +58,21 @@ class Experiment:
         return [self.markers[(cycle, ch)] for ch in self.channels]
 
 
+def _check_results_outside_raw(raw_dir: Path, results_dir: Path) -> None:
+    raw, res = raw_dir.resolve(), results_dir.resolve()
+    if res == raw or raw in res.parents:
+        raise RawDataError(f"config key results_dir = {results_dir} is inside raw_dir {raw_dir}: results are never "
+                           "written into the raw data; choose a folder beside it")
+
+
+def check_optics(optics: dict) -> None:
+    """What no lens can do, before any job: an NA above the immersion's index (the deconvolve job
+    would find it only after the stitch job used its GPU)."""
+    if optics["na"] >= optics["immersion_index"]:
+        raise RawDataError(f"config key optics.na = {optics['na']} must be below optics.immersion_index = "
+                           f"{optics['immersion_index']} (NA = n sin(theta) < n)")
+
+
 def _pick(config_value, meta: dict, key: str, config_key: str, required: bool = True):
     if config_value is not None:
         return config_value
@@ -81,6 +99,9 @@ def _resolve_markers(config: dict, meta: dict, raw_dir: Path, cycles: list[int],
     if len(names) == len(cycles) * nch:
         return {(c, ch): names[i * nch + j] for i, c in enumerate(cycles) for j, ch in enumerate(channels)}
     if len(names) >= max(cycles) * nch and len(names) % nch == 0:
+        if len(names) > max(cycles) * nch:
+            log.warning("%s gives marker names for %d cycles; cycles after %d are not processed (config key cycles)",
+                        source, len(names) // nch, max(cycles))
         return {(c, ch): names[(c - 1) * nch + j] for c in cycles for j, ch in enumerate(channels)}
     raise RawDataError(
         f"config key markers: {source} gives {len(names)} marker names, but {len(cycles)} cycles x "
@@ -93,13 +114,15 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
     ``read_headers`` also reads every TIFF header (one shape and dtype per cycle).
     """
     raw_dir = Path(config["raw_dir"])
+    check_optics(config["optics"])
     meta = read_experiment_json(raw_dir) if raw_dir.is_dir() else {}
     region = config["region"]
     grid, optics = config["grid"], config["optics"]
-    cycles_cfg = config.get("cycles")
+    cycles_cfg, source = config.get("cycles"), "config key cycles"
     if cycles_cfg is None and "num_cycles" in meta:
-        cycles_cfg = list(range(1, meta["num_cycles"] + 1))
-    dirs = select_cycle_dirs(raw_dir, cycles_cfg, region)
+        cycles_cfg, source = list(range(1, meta["num_cycles"] + 1)), f"{raw_dir / 'experiment.json'} numCycles"
+    _check_results_outside_raw(raw_dir, Path(config["results_dir"]))
+    dirs = select_cycle_dirs(raw_dir, cycles_cfg, region, source)
     cycles = sorted(dirs)
     rows = _pick(grid.get("rows"), meta, "rows", "grid.rows")
     cols = _pick(grid.get("cols"), meta, "cols", "grid.cols")
@@ -108,8 +131,11 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
     inventories: dict[int, CycleInventory] = {}
     channels = config.get("channels")
     z_planes = z_cfg
+    known = None                                   # the first cycle's channels, where config names none
     for c in cycles:
-        inv = inventory_cycle(c, dirs[c], region, rows * cols, channels, z_planes)
+        inv = inventory_cycle(c, dirs[c], region, rows * cols, channels, z_planes, known)
+        if known is None and config.get("channels") is None:
+            known = list(inv.channels)
         channels = list(inv.channels)
         z_planes = inv.z_planes
         inventories[c] = inv

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import xp as xpmod
+from .io.tiff import DISK_FULL, DiskFullError, disk_full_message
 
 log = logging.getLogger("plexgpu")
 
@@ -61,6 +62,17 @@ def _requested(resources) -> dict:
     return {k: get(k) for k in ("cpus_per_task", "mem_mb", "runtime", "gpu", "slurm_account", "slurm_partition")}
 
 
+def _failed(rule: str, ctx: JobContext, recorder, exc: BaseException) -> None:
+    log.exception("%s failed after %.1f s", rule, time.time() - ctx.started)
+    if recorder:
+        recorder.finish("failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def _disk_message(exc: OSError) -> str:
+    folder = Path(exc.filename).parent if exc.filename else Path.cwd()
+    return disk_full_message(folder)
+
+
 @contextmanager
 def job_context(rule: str, log_path: str | None, resources, device: str, accounting_dir: str | None = None,
                 cycle: str = ""):
@@ -100,10 +112,18 @@ def job_context(rule: str, log_path: str | None, resources, device: str, account
         ctx = JobContext(rule=rule, workers=workers, device=device, xp=xp, pool=pool, device_facts=facts)
         try:
             yield ctx
-        except BaseException as exc:
-            log.exception("%s failed after %.1f s", rule, time.time() - ctx.started)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                _failed(rule, ctx, recorder, exc)
+                raise
+            # the outputs' partial files are gone (atomic_path), so the record has room to be written
+            message = f"{rule}: {exc.strerror if isinstance(exc, DiskFullError) else _disk_message(exc)}"
+            log.error(message)
             if recorder:
-                recorder.finish("failed", f"{type(exc).__name__}: {exc}".splitlines()[0])
+                recorder.finish("failed", message)
+            raise SystemExit(message) from None
+        except BaseException as exc:
+            _failed(rule, ctx, recorder, exc)
             raise
         log.info("%s finished in %.1f s", rule, time.time() - ctx.started)
         if recorder:

@@ -21,12 +21,25 @@ def _percent(value) -> float:
     return value / 100.0 if value >= 1 else value
 
 
-# Akoya key -> (config name, conversion to plexgpu's units)
+# Akoya key -> (name, conversion to plexgpu's units, the config key it fills: the schema's rules apply)
 _EXPERIMENT_KEYS = {
-    "numCycles": ("num_cycles", int), "regionHeight": ("rows", int), "regionWidth": ("cols", int),
-    "tileOverlapX": ("overlap", _percent), "xyResolution": ("pixel_size_um", _um), "zPitch": ("z_step_um", _um),
-    "numZPlanes": ("z_planes", int),
+    "numCycles": ("num_cycles", int, "cycles"), "regionHeight": ("rows", int, "grid.rows"),
+    "regionWidth": ("cols", int, "grid.cols"), "tileOverlapX": ("overlap", _percent, "grid.overlap"),
+    "xyResolution": ("pixel_size_um", _um, "optics.pixel_size_um"), "zPitch": ("z_step_um", _um, "optics.z_step_um"),
+    "numZPlanes": ("z_planes", int, "grid.z_planes"),
 }
+
+
+def _schema_rule(config_key: str) -> dict:
+    """The schema's rule for a config key (for ``cycles``: that of one cycle number)."""
+    import yaml
+
+    from ..config import SCHEMA_PATH
+
+    node = yaml.safe_load(SCHEMA_PATH.read_text())
+    for part in config_key.split("."):
+        node = node["properties"][part]
+    return node.get("items", node) if config_key == "cycles" else node
 
 
 def read_experiment_json(raw_dir: str | Path) -> dict:
@@ -40,13 +53,22 @@ def read_experiment_json(raw_dir: str | Path) -> dict:
         raise RawDataError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(exp, dict):
         raise RawDataError(f"{path}: expected a JSON object of experiment settings, got {type(exp).__name__}")
+    import jsonschema
+
     out: dict = {}
-    for key, (name, convert) in _EXPERIMENT_KEYS.items():
+    for key, (name, convert, config_key) in _EXPERIMENT_KEYS.items():
         if key in exp:
+            if isinstance(exp[key], bool):
+                raise RawDataError(f"{path}: {key} = {exp[key]!r} is not a number")
             try:
                 out[name] = convert(exp[key])
             except (TypeError, ValueError):
                 raise RawDataError(f"{path}: {key} = {exp[key]!r} is not a number") from None
+            try:                                      # the limits of the config key it fills
+                jsonschema.validate(out[name], _schema_rule(config_key))
+            except jsonschema.ValidationError as err:
+                raise RawDataError(f"{path}: {key} = {exp[key]!r} gives config key {config_key} = {out[name]}: "
+                                   f"{err.message}") from None
     names = exp.get("channelNames")
     if isinstance(names, dict):
         names = names.get("channelNamesArray")
@@ -56,8 +78,12 @@ def read_experiment_json(raw_dir: str | Path) -> dict:
 
 
 def read_marker_file(path: str | Path) -> list[str]:
-    """One marker per line (cycle-major), blank lines ignored."""
+    """One marker per line (cycle-major), blank lines ignored; UTF-8 (a byte-order mark is dropped)."""
     path = Path(path)
     if not path.is_file():
         raise RawDataError(f"markers file {path} not found (config key markers_file)")
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RawDataError(f"{path}: not UTF-8 text (byte {exc.start}); save the marker names as UTF-8") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]

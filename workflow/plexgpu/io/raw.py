@@ -57,8 +57,10 @@ def find_cycle_dirs(raw_dir: str | Path, region: int = 1) -> dict[int, Path]:
     return {cycle: dirs[0] for cycle, dirs in sorted(found.items())}
 
 
-def select_cycle_dirs(raw_dir: str | Path, cycles: list[int] | None, region: int = 1) -> dict[int, Path]:
-    """The folders of the requested cycles (all found ones when ``cycles`` is None)."""
+def select_cycle_dirs(raw_dir: str | Path, cycles: list[int] | None, region: int = 1,
+                      source: str = "config key cycles") -> dict[int, Path]:
+    """The folders of the requested cycles (all found ones when ``cycles`` is None); ``source``
+    says where the cycle numbers came from, for the error."""
     found = find_cycle_dirs(raw_dir, region)
     if cycles is None:
         if not found:
@@ -67,7 +69,7 @@ def select_cycle_dirs(raw_dir: str | Path, cycles: list[int] | None, region: int
     missing = [c for c in cycles if c not in found]
     if missing:
         raise RawDataError(
-            f"cycles {missing} listed in config key cycles have no folder in {raw_dir} "
+            f"cycles {missing} listed in {source} have no folder in {raw_dir} "
             f"(found cycles: {sorted(found) or 'none'})")
     return {c: found[c] for c in sorted(cycles)}
 
@@ -139,20 +141,41 @@ def scan_tile_names(folder: Path, region: int) -> dict[tuple[int, int, int], str
 
 
 def inventory_cycle(cycle: int, folder: Path, region: int, n_tiles: int,
-                    channels: list[int] | None, z_planes: int | None) -> CycleInventory:
-    """Check that every (tile, z, channel) file exists, and nothing beyond the grid."""
+                    channels: list[int] | None, z_planes: int | None,
+                    known_channels: list[int] | None = None) -> CycleInventory:
+    """Check that every (tile, z, channel) file exists, and nothing beyond the grid: no stray
+    z-plane, and (``known_channels``: the first cycle's, for the later ones) no channel the first
+    cycle does not have."""
     names = scan_tile_names(folder, region)
     if not names:
         raise RawDataError(f"no tile files {tile_filename(region, 1, 1, 1)}... in {folder}")
     seen_tiles = {t for t, _, _ in names}
     seen_channels = sorted({c for _, _, c in names})
     chans = list(channels) if channels is not None else seen_channels
-    nz = z_planes if z_planes is not None else max(z for _, z, _ in names)
+    if z_planes is not None:
+        nz = z_planes
+    else:                    # the z-planes most tiles have: one stray file must not invent a plane
+        per_tile = {}
+        for t, z, _ in names:
+            per_tile[t] = max(per_tile.get(t, 0), z)
+        counts: dict[int, int] = {}
+        for v in per_tile.values():
+            counts[v] = counts.get(v, 0) + 1
+        nz = max(counts, key=lambda v: (counts[v], -v))
     extra = sorted(t for t in seen_tiles if t > n_tiles or t < 1)
     if extra:
         raise RawDataError(
             f"{folder}: tile {extra[0]} found ({tile_filename(region, extra[0], 1, chans[0])}) but the grid "
             f"rows x cols holds {n_tiles} tiles ({len(extra)} tile number(s) beyond it); check grid.rows/grid.cols")
+    stray = sorted(name for (t, z, c), name in names.items() if z > nz)
+    if stray:
+        raise RawDataError(f"{folder}: {len(stray)} file(s) beyond the {nz} z-planes the other tiles have, first: "
+                           f"{stray[0]}; move them out or set grid.z_planes")
+    if known_channels is not None:
+        new = sorted(set(seen_channels) - set(known_channels))
+        if new:
+            raise RawDataError(f"{folder}: channel(s) {', '.join(f'CH{c}' for c in new)} not in the first cycle "
+                               f"({', '.join(f'CH{c}' for c in known_channels)}); set config key channels")
     missing = [tile_filename(region, t, z, c)
                for t in range(1, n_tiles + 1) for z in range(1, nz + 1) for c in chans
                if (t, z, c) not in names]
@@ -169,12 +192,22 @@ def check_headers(inv: CycleInventory, region: int, workers: int = 1) -> tuple[t
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from .tiff import read_tiff_header
+    from .tiff import TiffReadError, read_tiff_header
+
+    def header(path):
+        try:
+            return read_tiff_header(path)
+        except TiffReadError as exc:
+            return exc
 
     paths = [inv.path(region, t, z, c) for t in range(1, inv.n_tiles + 1)
              for z in range(1, inv.z_planes + 1) for c in inv.channels]
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        headers = list(pool.map(read_tiff_header, paths))
+        headers = list(pool.map(header, paths))
+    broken = [h for h in headers if isinstance(h, Exception)]
+    if broken:
+        more = f" ({len(broken) - 1} more broken in {inv.folder.name})" if len(broken) > 1 else ""
+        raise TiffReadError(f"{broken[0]}{more}")
     first_shape, first_dtype = headers[0]
     for path, (shape, dtype) in zip(paths, headers):
         if shape != first_shape or dtype != first_dtype:

@@ -3,6 +3,7 @@ and is renamed into place, so a killed job never leaves a file that looks finish
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import logging
@@ -22,6 +23,34 @@ log = logging.getLogger("plexgpu")
 
 class TiffReadError(OSError):
     """A raw TIFF that cannot be read; the message names the file."""
+
+
+class DiskFullError(OSError):
+    """No space (or quota) left for an output; the message names the folder and what was needed."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_message(folder: str | Path, needed: int | None = None) -> str:
+    free = shutil.disk_usage(folder).free if Path(folder).exists() else 0
+    need = f": needed {needed / 1e6:.0f} MB" if needed else ""
+    return f"no space left on {folder}{need}, {free / 1e6:.0f} MB free (disk full or quota)"
+
+
+def _reserve(path: Path, nbytes: int) -> None:
+    """Allocate a file's blocks now: writing through a memory map into blocks a full disk cannot
+    give kills the process with SIGBUS and no message; this raises DiskFullError instead."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in DISK_FULL:
+            raise DiskFullError(exc.errno, disk_full_message(path.parent, nbytes)) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):   # a file system that cannot: write as before
+            raise
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -55,11 +84,20 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def read_tiff_header(path: str | Path) -> tuple[tuple[int, ...], str]:
-    """Shape and dtype of a TIFF's first series, from its header only."""
+    """Shape and dtype of a single-page TIFF, from its header, after proving the file whole: one
+    page, and its pixel data (strip or tile offsets plus byte counts) inside the file's size."""
     try:
+        size = os.path.getsize(path)
         with tifffile.TiffFile(path) as tif:
             page = tif.pages.first
+            if len(tif.pages) != 1:
+                raise TiffReadError(f"{path}: holds {len(tif.pages)} pages; one plane per file is expected")
+            end = max((o + c for o, c in zip(page.dataoffsets, page.databytecounts)), default=0)
+            if end > size or (page.compression == 1 and sum(page.databytecounts) < page.size * page.dtype.itemsize):
+                raise TiffReadError(f"{path}: truncated: its pixel data end at byte {end} but the file has {size}")
             return tuple(page.shape), page.dtype.name
+    except TiffReadError:
+        raise
     except Exception as exc:  # tifffile raises several types for a broken file
         raise TiffReadError(f"{path}: not a readable TIFF ({exc})") from None
 
@@ -147,6 +185,7 @@ def ome_writer(path: str | Path, shape: tuple[int, ...], dtype, axes: str, pixel
                              metadata=_ome_metadata(axes, pixel_size_um, z_step_um, channel_names))
         offset = mm.offset
         del mm
+        _reserve(tmp, os.path.getsize(tmp))
         writer = OmeStackWriter(tmp, shape, dtype, offset)
         yield writer
         _set_uuid(tmp, path, writer.pixels_sha1())

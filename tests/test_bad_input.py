@@ -1,0 +1,268 @@
+"""Bad input, as an adversarial new user gives it: every case refused before a GPU is requested,
+in one line naming the file or config key, with nothing written and nothing lost."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from plexgpu.cli import main
+from plexgpu.config import ConfigError, validate_config
+from plexgpu.experiment import resolve_experiment
+from plexgpu.io.raw import RawDataError, tile_filename
+from plexgpu.io.tiff import DiskFullError, TiffReadError, write_ome, write_text_atomic
+
+
+def _cycle(folder: Path, tiles=4, z=3, channels=(1, 2), shape=(16, 16)):
+    folder.mkdir(parents=True)
+    for t in range(1, tiles + 1):
+        for zz in range(1, z + 1):
+            for ch in channels:
+                tifffile.imwrite(folder / tile_filename(1, t, zz, ch), np.full(shape, 100 + t, np.uint16))
+
+
+def _config(raw: Path, **kw) -> dict:
+    cfg = {"raw_dir": str(raw), "results_dir": str(raw.parent / "results"),
+           "grid": {"rows": 2, "cols": 2, "overlap": 0.3}, "optics": {"pixel_size_um": 0.377, "z_step_um": 1.5}}
+    for k, v in kw.items():
+        cfg[k] = v
+    return validate_config(cfg)
+
+
+def _one_line(exc) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg and "Traceback" not in msg
+    return msg
+
+
+def _listing(folder: Path) -> dict:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------ raw files that are not whole
+@pytest.mark.parametrize("damage, expect", [
+    ("truncate", r"1_00002_Z001_CH1.tif: truncated: its pixel data end at byte \d+ but the file has \d+ \(1 more"),
+    ("pages", r"1_00002_Z001_CH1.tif: holds 3 pages; one plane per file is expected"),
+])
+def test_validate_proves_every_raw_tiff_whole(tmp_path, damage, expect):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    bad = raw / "cyc001_reg001" / tile_filename(1, 2, 1, 1)
+    if damage == "truncate":
+        for p in (bad, raw / "cyc001_reg001" / tile_filename(1, 3, 2, 2)):
+            p.write_bytes(p.read_bytes()[:-100])
+    else:
+        tifffile.imwrite(bad, np.zeros((3, 16, 16), np.uint16), photometric="minisblack")   # 3 pages
+    before = _listing(raw)
+    with pytest.raises(TiffReadError) as err:
+        resolve_experiment(_config(raw), read_headers=True)
+    assert __import__("re").search(expect, _one_line(err)), str(err.value)
+    assert _listing(raw) == before
+
+
+def test_validate_reads_5000_files_fast_enough(tmp_path):
+    """bench/validate.py measures files per second at scale; here: a whole cycle is checked."""
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001", tiles=4, z=5, channels=(1, 2, 3, 4))
+    exp = resolve_experiment(_config(raw), read_headers=True, workers=4)
+    assert exp.tile_shape == (16, 16)
+
+
+# ------------------------------------------------------------------ disk full
+def test_disk_full_while_writing_a_stack_is_one_line_and_leaves_no_part(tmp_path, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    out = tmp_path / "res" / "CH1.ome.tif"
+    with pytest.raises(DiskFullError) as err:
+        write_ome(out, np.zeros((4, 64, 64), np.float32), "ZYX")
+    assert "no space left on" in _one_line(err) and "needed" in str(err.value)
+    assert not list(out.parent.iterdir())                  # no half file, no .part
+
+
+def test_disk_full_in_a_job_is_one_line_and_an_accounting_record(tmp_path):
+    from plexgpu.accounting import load_records
+    from plexgpu.job import job_context
+
+    def fill(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with pytest.raises(SystemExit) as err:
+        with job_context("stitch", str(tmp_path / "job.log"), {"cpus_per_task": 1}, "cpu", str(tmp_path / "acct"),
+                         "cyc001"):
+            fill(tmp_path / "results" / "x.tif")
+    msg = str(err.value)
+    assert msg.startswith("stitch: no space left on") and "\n" not in msg
+    records = load_records(tmp_path / "acct")
+    assert len(records) == 1 and records[0]["status"] == "failed" and "no space left" in records[0]["error"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_disk_full_on_a_real_small_file_system(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(DiskFullError) as err:
+            write_ome(mnt / "big.ome.tif", np.zeros((8, 512, 512), np.float32), "ZYX")   # 8 MB on 1 MB
+        assert "no space left on" in _one_line(err)
+        assert not list(mnt.iterdir())
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+# ------------------------------------------------------------------ experiment.json and optics
+@pytest.mark.parametrize("key, value, config_key", [
+    ("tileOverlapX", 150, "grid.overlap"), ("tileOverlapX", -0.3, "grid.overlap"),
+    ("xyResolution", 0, "optics.pixel_size_um"), ("xyResolution", -377, "optics.pixel_size_um"),
+    ("numCycles", 0, "cycles"), ("numCycles", -1, "cycles"), ("regionWidth", 0, "grid.cols"),
+])
+def test_experiment_json_values_obey_the_schema(tmp_path, key, value, config_key):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    (raw / "experiment.json").write_text(json.dumps({key: value}))
+    cfg = validate_config({"raw_dir": str(raw), "results_dir": str(tmp_path / "res"),
+                           "grid": {"rows": 2, "cols": 2} if key != "regionWidth" else {"rows": 2, "overlap": 0.3},
+                           "optics": {"z_step_um": 1.5} if key == "xyResolution" else
+                           {"pixel_size_um": 0.377, "z_step_um": 1.5}})
+    if key != "tileOverlapX" and key != "regionWidth":
+        cfg["grid"]["overlap"] = 0.3
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(cfg)
+    msg = _one_line(err)
+    assert "experiment.json" in msg and key in msg and f"config key {config_key}" in msg
+
+
+def test_impossible_optics_refused_at_validate(tmp_path):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw, optics={"pixel_size_um": 0.377, "z_step_um": 1.5, "na": 1.3,
+                                                "immersion_index": 1.0}))
+    assert "optics.na = 1.3 must be below optics.immersion_index = 1.0" in _one_line(err)
+
+
+# ------------------------------------------------------------------ where results go; what synth writes
+@pytest.mark.parametrize("inside", [".", "results", "a/b"])
+def test_results_inside_raw_refused(tmp_path, inside):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw, results_dir=str(raw / inside)))
+    assert "is inside raw_dir" in _one_line(err)
+
+
+def test_synth_refuses_a_folder_that_holds_data(tmp_path, capsys):
+    target = tmp_path / "data"
+    target.mkdir()
+    (target / "mine.txt").write_text("keep me")
+    assert main(["synth", str(target), "--cycles", "1", "--grid", "2x2", "--tile", "32x32", "--z", "3"]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert [p.name for p in target.iterdir()] == ["mine.txt"]
+    assert main(["synth", str(target), "--cycles", "1", "--grid", "2x2", "--tile", "32x32", "--z", "3", "--force"]) == 0
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--grid", "3by3"], "--grid must be two positive integers like 3x3"),
+    (["--tile", "0x10"], "--tile must be two positive integers"),
+    (["--z", "0"], "--z must be at least 1"),
+    (["--overlap", "1.5"], "--overlap must be a fraction"),
+])
+def test_synth_bad_arguments_one_line(tmp_path, capsys, args, expect):
+    try:
+        rc = main(["synth", str(tmp_path / "new"), *args])
+    except SystemExit as exc:
+        rc, msg = 2, str(exc)
+    else:
+        msg = capsys.readouterr().err
+    assert rc == 2 and expect in msg and "Traceback" not in msg
+    assert not (tmp_path / "new").exists()
+
+
+def test_plan_bad_gpu_minutes_one_line(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--simulate", "--configfile", "x.yaml",
+                          "--gpu-minutes", "abc"], capture_output=True, text=True)
+    assert res.returncode == 2 and "argument --gpu-minutes: three positive minutes" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+# ------------------------------------------------------------------ marker names, messages, accounts
+def test_channel_names_not_utf8_and_bom(tmp_path):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    (raw / "channelNames.txt").write_bytes("DAPI\nCD3\xe9\n".encode("latin-1"))
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw))
+    assert "channelNames.txt: not UTF-8 text" in _one_line(err)
+    (raw / "channelNames.txt").write_bytes("\ufeffDAPI\nCD3\n".encode("utf-8"))
+    assert resolve_experiment(_config(raw)).marker_names(1) == ["DAPI", "CD3"]
+
+
+def test_cycles_from_experiment_json_named_as_such(tmp_path):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    (raw / "experiment.json").write_text(json.dumps({"numCycles": 3}))
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw))
+    msg = _one_line(err)
+    assert "experiment.json numCycles" in msg and "config key cycles" not in msg
+
+
+def test_one_stray_file_is_named_not_counted_as_missing(tmp_path):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    tifffile.imwrite(raw / "cyc001_reg001" / tile_filename(1, 2, 4, 1), np.zeros((16, 16), np.uint16))
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw))
+    assert "1 file(s) beyond the 3 z-planes the other tiles have, first: 1_00002_Z004_CH1.tif" in _one_line(err)
+
+
+def test_a_later_cycle_with_another_channel_refused(tmp_path):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    _cycle(raw / "cyc002_reg001", channels=(1, 2, 3))
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw))
+    assert "cyc002_reg001: channel(s) CH3 not in the first cycle" in _one_line(err)
+
+
+@pytest.mark.parametrize("accounts, expect", [
+    ([{"name": "lab", "gpu_slots": 2}, {"name": "lab", "gpu_slots": 1}], "accounts: lab listed more than once"),
+    ([{"name": "lab\n", "gpu_slots": 2}], "accounts.0.name = 'lab\\n': an account or partition name"),
+    ([{"name": "lab; rm -rf", "gpu_slots": 2}], "letters, digits and _ . , - only"),
+])
+def test_accounts_named_once_and_plainly(tmp_path, accounts, expect):
+    with pytest.raises(ConfigError) as err:
+        validate_config({"raw_dir": str(tmp_path), "accounts": accounts})
+    assert expect in _one_line(err)
+
+
+def test_tables_keep_full_values_in_logs(small_synth, tmp_path):
+    """validate's table in a SLURM log or a pipe (not a terminal): the resolved folder in full."""
+    raw, _ = small_synth
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"raw_dir: {raw}\nresults_dir: {tmp_path / 'res'}\n")
+    res = subprocess.run([sys.executable, "-m", "plexgpu.cli", "validate", "--configfile", str(cfg)],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "40"})
+    assert res.returncode == 0, res.stderr
+    assert "cyc001_reg001" in res.stdout and "…" not in res.stdout
+
+
+def test_nothing_written_when_validate_refuses(tmp_path):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    write_text_atomic(raw / "note.txt", "x")
+    before = _listing(tmp_path)
+    with pytest.raises(RawDataError):
+        resolve_experiment(_config(raw, optics={"pixel_size_um": 0.377, "z_step_um": 1.5, "na": 1.3}))
+    assert _listing(tmp_path) == before
