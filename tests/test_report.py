@@ -75,8 +75,29 @@ def test_report_card_flags_with_numbers(tmp_path):
     advice = " ".join(cards["stitch"]["advice"])
     assert "GPU utilisation 20 % < 50 %: data starvation" in advice and "cpus_per_task - 1 = 3" in advice
     assert "GPU memory peak 10 % < 40 %" in advice
-    assert "CPU efficiency 15 % < 50 % of 4 cores" in advice
+    assert "CPU efficiency 15 % < 50 % of 4 cores (about 0.6 busy)" in advice and "cpus_per_task = 1" in advice
     assert "time used 8 % < 25 %" in advice and "runtime = 20" in advice
+
+
+def test_report_card_never_asks_one_core_for_fewer(tmp_path):
+    """'37 % of 1 cores: ask for fewer (about 2)' contradicted itself."""
+    jobs = tmp_path / "accounting" / "jobs"
+    jobs.mkdir(parents=True)
+    _record(jobs, "stitch", "cyc001", 1, model="NVIDIA H200", elapsed=600, util=90, mem=60, cpu_eff=37, runtime=20)
+    rec = next(jobs.glob("*.json"))
+    data = __import__("json").loads(rec.read_text())
+    data["requested"]["cpus_per_task"] = 1
+    rec.write_text(__import__("json").dumps(data))
+    advice = " ".join(report.report_card(report.collect(jobs, use_sacct=False))[0]["advice"])
+    assert "ask for fewer" not in advice and "nothing to take away" in advice
+
+
+def test_timeline_has_a_time_axis(tmp_path):
+    jobs = tmp_path / "accounting" / "jobs"
+    jobs.mkdir(parents=True)
+    _record(jobs, "stitch", "cyc001", 1, model="NVIDIA H200", elapsed=600)
+    svg = report._timeline_svg(report.collect(jobs, use_sacct=False))
+    assert ">0 min</text>" in svg and ">10 min</text>" in svg
 
 
 def test_record_written_also_on_failure_and_says_no_device(tmp_path):

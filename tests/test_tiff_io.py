@@ -130,3 +130,28 @@ def test_part_file_of_a_killed_attempt_is_removed(tmp_path):
     other.write_bytes(b"\0")
     write_ome(tmp_path / "CH1.ome.tif", np.zeros((3, 4, 4), np.float32), "ZYX")
     assert not stale.exists() and not scratch.exists() and other.exists() and (tmp_path / "CH1.ome.tif").exists()
+
+
+def test_outputs_get_the_umask_permissions_and_resolution_tags(tmp_path):
+    """0644 under umask 022 (mkstemp alone gave 0600: colleagues could not open results), and TIFF
+    resolution tags that say the pixel size to readers that skip OME-XML."""
+    import os
+    import stat
+
+    import tifffile
+
+    from plexgpu.io.tiff import FILE_MODE, write_ome, write_pyramidal_ome, write_text_atomic
+
+    old = os.umask(0o022)
+    os.umask(old)
+    assert FILE_MODE == 0o666 & ~old
+    write_ome(tmp_path / "a.ome.tif", np.zeros((2, 32, 32), np.uint16), "ZYX", 0.5)
+    write_text_atomic(tmp_path / "b.csv", "x\n")
+    write_pyramidal_ome(tmp_path / "p.ome.tif", lambda c: np.zeros((300, 300), np.uint16), 2, ["a", "b"], 0.5)
+    for name in ("a.ome.tif", "b.csv", "p.ome.tif"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == FILE_MODE
+    with tifffile.TiffFile(tmp_path / "a.ome.tif") as tif:
+        page = tif.pages.first
+        assert page.tags["ResolutionUnit"].value == 3                      # centimetre
+        num, den = page.tags["XResolution"].value
+        assert abs(num / den - 2e4) < 1                                    # 0.5 um -> 20000 px/cm

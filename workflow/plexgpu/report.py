@@ -154,8 +154,13 @@ def report_card(allocs: list[Allocation]) -> list[dict]:
             advice.append(f"GPU memory peak {mem:.0f} % < {MEM_LOW_PCT} %: room for bigger batches "
                           "(e.g. larger deconvolution.chunk_px)")
         if cpu is not None and cpu < CPU_EFF_LOW_PCT:
-            advice.append(f"CPU efficiency {cpu:.0f} % < {CPU_EFF_LOW_PCT} % of {cpus} cores: cores requested "
-                          f"but idle; ask for fewer (about {max(1, math.ceil(cpus * cpu / 100) + 1)})")
+            busy = cpus * cpu / 100
+            if cpus > 1 and math.ceil(busy) < cpus:
+                advice.append(f"CPU efficiency {cpu:.0f} % < {CPU_EFF_LOW_PCT} % of {cpus} cores (about {busy:.1f} "
+                              f"busy): cores requested but idle; ask for fewer (cpus_per_task = {math.ceil(busy)})")
+            else:
+                advice.append(f"CPU efficiency {cpu:.0f} % of {cpus} core{'s' if cpus > 1 else ''}: the job waits "
+                              "on the GPU or on files, not on its CPU; nothing to take away")
         if time_pct is not None and time_pct < TIME_USED_LOW_PCT:
             longest = max(a.elapsed_s for a in items)
             advice.append(f"time used {time_pct:.0f} % < {TIME_USED_LOW_PCT} % of the request: ask for less "
@@ -243,9 +248,21 @@ def _timeline_svg(allocs: list[Allocation]) -> str:
                        f'fill="{colours.get(a.rule, "#999")}"><title>{html.escape(a.rule)} {a.cycle} job '
                        f'{a.job_id}: {a.elapsed_s:.0f} s</title></rect>')
         y += max(1, len(sub)) * lane_h + 8
+    # the time axis: ticks at a round step, minutes from the first allocation's start
+    span = max(t1 - t0, 1e-6)
+    step = next(s for s in (10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400, 1e9) if span / s <= 10)
+    out.append(f'<line x1="{left}" y1="{y}" x2="{width - 10}" y2="{y}" stroke="#333"/>')
+    k = 0
+    while k * step <= span:
+        x = left + k * step * scale
+        out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#333"/>'
+                   f'<text x="{x:.1f}" y="{y + 15}" font-size="10" text-anchor="middle">{k * step / 60:g} min</text>')
+        k += 1
+    y += 20
     legend = " ".join(f'<tspan fill="{c}">■ {r}</tspan>' for r, c in colours.items())
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 24}">{"".join(out)}'
-            f'<text x="{left}" y="{y + 16}" font-size="11">{legend} · {t1 - t0:.0f} s shown</text></svg>')
+            f'<text x="{left}" y="{y + 16}" font-size="11">{legend} · time since the first allocation started'
+            f'</text></svg>')
 
 
 def _bars_svg(allocs: list[Allocation]) -> str:

@@ -53,9 +53,27 @@ def _reserve(path: Path, nbytes: int) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, racing other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+FILE_MODE = 0o666 & ~_umask()      # what open() gives a new file: colleagues on the cluster read results
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it to ``path`` only on success."""
+    """Yield a temporary path beside ``path``; rename it to ``path`` only on success, with the
+    permissions the user's umask gives (``mkstemp`` makes 0600 files: a lab member's viewer got
+    'Permission denied')."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.part"):
@@ -72,6 +90,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(tmp)
     try:
         yield tmp
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -132,6 +151,14 @@ def _set_uuid(tmp: Path, path: str | Path, digest: str) -> None:
     tifffile.tiffcomment(tmp, description.replace(_UUID_PLACEHOLDER, _ome_uuid(path, digest), 1).encode())
 
 
+def _resolution(pixel_size_um: float | None) -> dict:
+    """TIFF resolution tags matching PhysicalSizeX/Y (pixels per cm), for readers that skip OME-XML."""
+    if not pixel_size_um:
+        return {}
+    per_cm = 1e4 / pixel_size_um
+    return {"resolution": (per_cm, per_cm), "resolutionunit": "CENTIMETER"}
+
+
 def _ome_metadata(axes: str, pixel_size_um: float | None, z_step_um: float | None,
                   channel_names: list[str] | None) -> dict:
     metadata: dict = {"axes": axes, "UUID": _UUID_PLACEHOLDER}
@@ -182,7 +209,8 @@ def ome_writer(path: str | Path, shape: tuple[int, ...], dtype, axes: str, pixel
     the pixels and it is renamed into place (a failed or killed job leaves no file)."""
     with atomic_path(path) as tmp:
         mm = tifffile.memmap(tmp, shape=tuple(shape), dtype=dtype, ome=True, photometric="minisblack",
-                             metadata=_ome_metadata(axes, pixel_size_um, z_step_um, channel_names))
+                             metadata=_ome_metadata(axes, pixel_size_um, z_step_um, channel_names),
+                             **_resolution(pixel_size_um))
         offset = mm.offset
         del mm
         _reserve(tmp, os.path.getsize(tmp))
@@ -283,8 +311,10 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
                 yield from _tiles(plane, tile)
 
         with tifffile.TiffWriter(tmp, ome=True, bigtiff=nbytes > 2**31) as tif:
-            tif.write(full_resolution(), shape=(n_planes,) + shape, subifds=len(lower), metadata=metadata, **opts)
-            for level, size in zip(lower, sizes[1:]):
-                tif.write(reduced(level, size), shape=(n_planes,) + size, subfiletype=1, **opts)
+            tif.write(full_resolution(), shape=(n_planes,) + shape, subifds=len(lower), metadata=metadata,
+                      **_resolution(pixel_size_um), **opts)
+            for k, (level, size) in enumerate(zip(lower, sizes[1:]), start=1):
+                tif.write(reduced(level, size), shape=(n_planes,) + size, subfiletype=1,
+                          **_resolution(pixel_size_um * 2 ** k if pixel_size_um else None), **opts)
         _set_uuid(tmp, path, sha1.hexdigest())
     return len(sizes)
