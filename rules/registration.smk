@@ -12,6 +12,7 @@ rule registration:
         shifts=SHIFTS,
         plex=PLEX,
         plex_deconvolved=PLEX_DECONVOLVED,
+        markers=MARKERS,
     params:
         specs=[SPECS[c] for c in CYCLES],
         registration=config["registration"],

@@ -18,5 +18,5 @@ with job_context("registration", sm.log[0], sm.resources, sm.params.device, sm.p
                     {"registered": {"quantification": stages.by_cycle_and_channel(specs, list(sm.output.registered)),
                                     "deconvolved": stages.by_cycle_and_channel(specs,
                                                                                list(sm.output.registered_deconvolved))},
-                     "shifts": sm.output.shifts,
+                     "shifts": sm.output.shifts, "markers": sm.output.markers,
                      "plex": {"quantification": sm.output.plex, "deconvolved": sm.output.plex_deconvolved}})

@@ -155,3 +155,14 @@ def test_outputs_get_the_umask_permissions_and_resolution_tags(tmp_path):
         assert page.tags["ResolutionUnit"].value == 3                      # centimetre
         num, den = page.tags["XResolution"].value
         assert abs(num / den - 2e4) < 1                                    # 0.5 um -> 20000 px/cm
+
+
+def test_plex_channel_names_unique_and_markers_csv():
+    from plexgpu.stages import markers_csv, unique_channel_names
+
+    names = ["DAPI", "CD3", "DAPI", "CD20", "DAPI", "CD20"]
+    cycles = [1, 1, 2, 2, 3, 3]
+    unique = unique_channel_names(names, cycles)
+    assert unique == ["DAPI", "CD3", "DAPI_cyc002", "CD20", "DAPI_cyc003", "CD20_cyc003"]
+    lines = markers_csv(unique, cycles).splitlines()
+    assert lines[0] == "channel_number,cycle_number,marker_name" and lines[3] == "3,2,DAPI_cyc002"

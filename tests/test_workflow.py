@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -134,6 +135,13 @@ def test_plex_is_pyramidal_ome_with_markers(e2e, plex):
         names = (raw / "channelNames.txt").read_text().split()
         for name in names:
             assert f'Name="{name}"' in ome
+        in_file = re.findall(r'<Channel [^>]*Name="([^"]+)"', ome)
+        assert len(in_file) == len(names) and len(set(in_file)) == len(in_file)     # unique: DAPI, DAPI_cyc002, ...
+    with open(tmp / "results/registered/markers.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["marker_name"] for r in rows] == in_file                            # MCMICRO's columns, same order
+    assert [int(r["channel_number"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert {int(r["cycle_number"]) for r in rows} == {1, 2, 3}
         assert tif.series[0].shape[0] == 6
 
 

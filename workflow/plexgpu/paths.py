@@ -19,6 +19,7 @@ REGISTERED_DECONVOLVED = "registered/{cycle}/CH{ch}.deconvolved.ome.tif"
 SHIFTS = "registered/shifts.csv"
 PLEX = "registered/plex.ome.tif"                            # measure per-cell intensities here
 PLEX_DECONVOLVED = "registered/plex_deconvolved.ome.tif"    # view and segment here
+MARKERS = "registered/markers.csv"                          # MCMICRO: channel_number,cycle_number,marker_name
 ACCOUNTING = "accounting/jobs"
 QC_INDEX = "qc/index.html"
 

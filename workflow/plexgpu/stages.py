@@ -310,11 +310,41 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
     for s in shifts:
         w.writerow([s.cycle, f"{s.dy:.3f}", f"{s.dx:.3f}", "reference" if s.cycle == ref_key else f"{s.significance:.2f}"])
     write_text_atomic(out["shifts"], buf.getvalue())
+    cycles = [spec.cycle for spec in specs for _ in spec.channels]
+    unique = unique_channel_names(names, cycles)
+    if "markers" in out:
+        write_text_atomic(out["markers"], markers_csv(unique, cycles))
     for kind, paths_ in registered.items():
-        levels = write_pyramidal_ome(out["plex"][kind], lambda c, p=paths_: read_tiff(p[c]), len(paths_), names,
+        levels = write_pyramidal_ome(out["plex"][kind], lambda c, p=paths_: read_tiff(p[c]), len(paths_), unique,
                                      by_key[ref_key].pixel_size_um)       # one plane in memory at a time
         log.info("%s: %d channels, %d pyramid levels (%s)", Path(out["plex"][kind]).name, len(paths_), levels, kind)
     return shifts
+
+
+def unique_channel_names(names: list[str], cycles: list[int]) -> list[str]:
+    """Channel names of the plex file, unique: a marker that repeats (DAPI in every cycle) keeps
+    its name the first time and gets its cycle after it (DAPI_cyc002) every later time, so QuPath
+    and MCMICRO can match channels by name."""
+    seen: set[str] = set()
+    out = []
+    for name, cycle in zip(names, cycles):
+        unique = name if name not in seen else f"{name}_cyc{cycle:03d}"
+        k = 2
+        while unique in seen:                       # the same marker twice in one cycle
+            unique, k = f"{name}_cyc{cycle:03d}_{k}", k + 1
+        seen.add(unique)
+        out.append(unique)
+    return out
+
+
+def markers_csv(names: list[str], cycles: list[int]) -> str:
+    """MCMICRO's markers.csv: channel_number (from 1, the plex file's order), cycle_number, marker_name."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["channel_number", "cycle_number", "marker_name"])
+    for i, (name, cycle) in enumerate(zip(names, cycles), start=1):
+        w.writerow([i, cycle, name])
+    return buf.getvalue()
 
 
 def by_cycle_and_channel(specs: list[CycleSpec], paths: list[str]) -> dict:
