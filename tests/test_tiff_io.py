@@ -166,3 +166,22 @@ def test_plex_channel_names_unique_and_markers_csv():
     assert unique == ["DAPI", "CD3", "DAPI_cyc002", "CD20", "DAPI_cyc003", "CD20_cyc003"]
     lines = markers_csv(unique, cycles).splitlines()
     assert lines[0] == "channel_number,cycle_number,marker_name" and lines[3] == "3,2,DAPI_cyc002"
+
+
+def test_plex_uint16_deflate_tiled_and_readable(tmp_path):
+    import tifffile
+
+    from plexgpu.io.tiff import write_pyramidal_ome
+
+    rng = np.random.default_rng(0)
+    planes = [np.abs(rng.normal(300, 50, (1100, 1300))).astype(np.float32) for _ in range(2)]
+    write_pyramidal_ome(tmp_path / "f.ome.tif", lambda c: planes[c], 2, ["a", "b"], 0.377, compression=None)
+    write_pyramidal_ome(tmp_path / "u.ome.tif", lambda c: planes[c], 2, ["a", "b"], 0.377, dtype="uint16")
+    with tifffile.TiffFile(tmp_path / "u.ome.tif") as tif:
+        page = tif.series[0].levels[0].pages[0]
+        assert page.dtype == np.uint16 and page.compression == 8 and page.tilewidth == 512   # Adobe Deflate
+        data = tif.series[0].asarray()
+    assert np.array_equal(data[1], np.clip(np.rint(planes[1]), 0, 65535).astype(np.uint16))
+    ratio = (tmp_path / "u.ome.tif").stat().st_size / (tmp_path / "f.ome.tif").stat().st_size
+    print(f"uint16 + deflate / float32 uncompressed: {ratio:.2f}")
+    assert ratio < 0.5

@@ -316,7 +316,7 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
         write_text_atomic(out["markers"], markers_csv(unique, cycles))
     for kind, paths_ in registered.items():
         levels = write_pyramidal_ome(out["plex"][kind], lambda c, p=paths_: read_tiff(p[c]), len(paths_), unique,
-                                     by_key[ref_key].pixel_size_um)       # one plane in memory at a time
+                                     by_key[ref_key].pixel_size_um, dtype=reg_cfg.get("plex_dtype", "uint16"))
         log.info("%s: %d channels, %d pyramid levels (%s)", Path(out["plex"][kind]).name, len(paths_), levels, kind)
     return shifts
 

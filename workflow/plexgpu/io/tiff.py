@@ -268,21 +268,37 @@ def _tiles(plane: np.ndarray, tile: tuple[int, int] | None) -> Iterator[np.ndarr
             yield plane[y:y + tile[0], x:x + tile[1]]
 
 
+def _as(plane: np.ndarray, dtype) -> np.ndarray:
+    """A plane in the file's dtype: counts rounded and kept within uint16 (never wrapped)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.uint16 and plane.dtype != np.uint16:
+        return np.clip(np.rint(plane), 0, 65535).astype(np.uint16)
+    return np.asarray(plane, dtype=dtype)
+
+
 def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_names: list[str],
-                        pixel_size_um: float, min_size: int = 128) -> int:
-    """CYX pyramidal OME-TIFF (reduced levels in SubIFDs, 2x2 means), readable by Bio-Formats.
+                        pixel_size_um: float, min_size: int = 128, dtype=None, compression: str | None = "zlib",
+                        tile_px: int = 512) -> int:
+    """CYX pyramidal OME-TIFF (reduced levels in SubIFDs, 2x2 means), readable by Bio-Formats:
+    ``tile_px`` tiles, lossless ``compression`` (zlib = Adobe Deflate, with the horizontal predictor
+    for integers; QuPath/Bio-Formats read it), ``dtype`` (default: the planes' own; uint16 rounds
+    and saturates).
 
     ``read_plane(c)`` returns channel ``c`` (YX) and is called once per channel: the full
     resolution is streamed into the file while the reduced levels go to scratch files beside
     it, so memory holds one plane, never the whole multiplex. Returns the number of levels.
     """
     first = np.asarray(read_plane(0))
-    dtype, shape = first.dtype, first.shape
+    dtype = np.dtype(dtype or first.dtype)
+    first = _as(first, dtype)
+    shape = first.shape
     sizes = [shape]
     while min(sizes[-1]) // 2 >= min_size:
         sizes.append((sizes[-1][0] // 2, sizes[-1][1] // 2))
-    tile = (256, 256) if min(shape) >= 256 else None
-    opts = dict(dtype=dtype, tile=tile, photometric="minisblack")
+    tile = (tile_px, tile_px) if min(shape) >= tile_px else (256, 256) if min(shape) >= 256 else None
+    opts = dict(dtype=dtype, tile=tile, photometric="minisblack", compression=compression)
+    if compression and dtype.kind in "ui":
+        opts["predictor"] = 2
     metadata = _ome_metadata("CYX", pixel_size_um, None, channel_names)
     sha1 = hashlib.sha1()
     nbytes = n_planes * shape[0] * shape[1] * dtype.itemsize
@@ -293,7 +309,7 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
 
         def full_resolution():
             for c in range(n_planes):
-                plane = first if c == 0 else np.asarray(read_plane(c), dtype=dtype)
+                plane = first if c == 0 else _as(np.asarray(read_plane(c)), dtype)
                 if plane.shape != shape:
                     raise ValueError(f"plane {c} has shape {plane.shape}, plane 0 {shape}")
                 sha1.update(np.ascontiguousarray(plane).view(np.uint8).ravel())
@@ -310,7 +326,7 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
                 plane = np.fromfile(level, dtype, count=count, offset=c * count * dtype.itemsize).reshape(size)
                 yield from _tiles(plane, tile)
 
-        with tifffile.TiffWriter(tmp, ome=True, bigtiff=nbytes > 2**31) as tif:
+        with tifffile.TiffWriter(tmp, ome=True, bigtiff=nbytes * 4 // 3 > 2**31) as tif:
             tif.write(full_resolution(), shape=(n_planes,) + shape, subifds=len(lower), metadata=metadata,
                       **_resolution(pixel_size_um), **opts)
             for k, (level, size) in enumerate(zip(lower, sizes[1:]), start=1):
