@@ -45,7 +45,7 @@ DEGREES = (2, 4, 6)              # candidate total degrees of the log-flatfield 
 RIDGES = (1.0, 1e-2, 1e-4, 1e-6)  # candidate pulls toward BaSiC's projection (per sample, weights mean 1)
 FOLDS = 4
 MIN_SAMPLES = 500                # fewer usable overlap samples: BaSiC's flatfield is kept
-MAX_SAMPLES = 60000              # overlap samples used per plane (evenly thinned beyond)
+MAX_SAMPLES = 30000              # overlap samples used per plane (evenly thinned beyond)
 ROBUST_C = 3.0                   # Cauchy weight scale, in robust stds of the residual
 ENVELOPE_SIGMA = 6.0             # the low envelope smoothed further (working-size px): offsets are smooth, nuclei not
 SUPPORT_QUANTILE = 0.05          # the offset model lies under this fraction of the envelope
@@ -86,28 +86,33 @@ class Refinement:
 
 
 def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin: int = MAX_SAMPLES):
-    """(ya, xa, yb, xb, ca, cb): working-size coordinates of each overlap sample in tile a and b
-    and the two readings minus ``additive``. ``pairs``: (a, b, (dy, dx)) with b's top-left relative
-    to a's in full-resolution px; ``scale``: working size / tile size per axis."""
+    """(ya, xa, yb, xb, ca, cb, pair): working-size coordinates of each overlap sample in tile a and
+    b, the two readings minus ``additive`` and the pair's index; at most about ``thin`` samples,
+    every k-th of each pair's overlap (thinned before anything is copied: memory). ``pairs``:
+    (a, b, (dy, dx)) with b's top-left relative to a's in full-resolution px; ``scale``: working
+    size / tile size per axis."""
     n, hs, wsx = tiles.shape
     yy, xx = np.mgrid[0:hs, 0:wsx].astype(np.float64)
     inner = (yy >= 1) & (yy <= hs - 2) & (xx >= 1) & (xx <= wsx - 2)   # the outermost working px averages
-    parts = []                                                          # across the tile's border
+    where = []                                                          # across the tile's border
     for a, b, (dy, dx) in pairs:
         yb, xb = yy - dy * scale[0], xx - dx * scale[1]
         inside = inner & (yb >= 1) & (yb <= hs - 2) & (xb >= 1) & (xb <= wsx - 2)
-        if inside.sum() < 4:
+        where.append(np.flatnonzero(inside))
+    total = sum(len(w) for w in where)
+    step = max(1, -(-total // thin))
+    parts = []
+    for k, ((a, b, (dy, dx)), idx) in enumerate(zip(pairs, where)):
+        idx = idx[::step]
+        if len(idx) < 4:
             continue
-        ya, xa, yb, xb = yy[inside], xx[inside], yb[inside], xb[inside]
-        ca = tiles[a][inside] - additive[inside]
-        cb = ndimage.map_coordinates(tiles[b] - additive, [yb, xb], order=1)
+        ya, xa = yy.ravel()[idx], xx.ravel()[idx]
+        yb, xb = ya - dy * scale[0], xa - dx * scale[1]
+        ca = tiles[a].ravel()[idx] - additive.ravel()[idx]
+        cb = ndimage.map_coordinates(tiles[b], [yb, xb], order=1) - ndimage.map_coordinates(additive, [yb, xb], order=1)
         ok = (ca > 0) & (cb > 0)
-        parts.append(np.stack([ya[ok], xa[ok], yb[ok], xb[ok], ca[ok], cb[ok], np.full(ok.sum(), len(parts))]))
-    if not parts:
-        return np.zeros((7, 0))
-    s = np.concatenate(parts, axis=1)
-    step = max(1, s.shape[1] // thin)
-    return s[:, ::step]
+        parts.append(np.stack([ya[ok], xa[ok], yb[ok], xb[ok], ca[ok], cb[ok], np.full(int(ok.sum()), k)]))
+    return np.concatenate(parts, axis=1) if parts else np.zeros((7, 0))
 
 
 def _design(s: np.ndarray, shape, degree: int):
@@ -163,6 +168,15 @@ def _cv_candidates(A, r, wt, pair, prior, degrees, ridges):
     return out
 
 
+def _overlap_design(tiles, additive, pairs, scale, shape):
+    """(samples, design, log ratios, robust weights, pair index), or None with too few samples."""
+    s = overlap_samples(tiles, additive, pairs, scale)
+    if s.shape[1] < MIN_SAMPLES:
+        return None
+    A, r, w, pair = _design(s, shape, max(DEGREES))
+    return s, A, r, _robust_weights(A, r, w), pair
+
+
 def _seam(s: np.ndarray, r: np.ndarray, wt: np.ndarray, flat: np.ndarray) -> float:
     """Median |log ratio| of the overlap samples left after correcting both readings by ``flat``."""
     ya, xa, yb, xb = s[:4]
@@ -182,22 +196,21 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
     B = _basis(2 * yy.ravel() / (shape[0] - 1) - 1, 2 * xx.ravel() / (shape[1] - 1) - 1, max(DEGREES))
     log_prior = np.log(np.maximum(basic_flat, 1e-6)).ravel()
     prior = np.linalg.lstsq(B, log_prior, rcond=None)[0][1:]     # BaSiC's shape, as polynomial coefficients
-    designs, candidates = {}, []
-    for rank, (name, add) in enumerate(additives.items()):
-        s = overlap_samples(tiles, add, pairs, scale)
-        if s.shape[1] < MIN_SAMPLES:
+    candidates = []
+    for rank, (name, add) in enumerate(additives.items()):     # designs are rebuilt, not kept: memory
+        design = _overlap_design(tiles, add, pairs, scale, shape)
+        if design is None:
             continue
-        A, r, w, pair = _design(s, shape, max(DEGREES))
-        wt = _robust_weights(A, r, w)
-        designs[name] = (s, A, r, wt)
+        s, A, r, wt, pair = design
         candidates += [c + (rank, name) for c in _cv_candidates(A, r, wt, pair, prior, DEGREES, RIDGES)]
+        del s, A, r, wt, pair, design
     if not candidates:
         return basic_flat, Refinement(None, 0.0, "", 0, float("nan"), float("nan"))
     best = min(candidates, key=lambda c: c[0])
     # the simplest within one standard error of the best: lowest degree, strongest pull to BaSiC
     _, _, degree, ridge, _, name = min((c for c in candidates if c[0] <= best[0] + best[1]),
                                        key=lambda c: (c[2], -c[3], c[4]))
-    s, A, r, wt = designs[name]
+    s, A, r, wt, _ = _overlap_design(tiles, additives[name], pairs, scale, shape)
     m = _terms(degree) - 1
     reg = ridge * len(r) * np.eye(m)
     Aw = A[:, :m] * wt[:, None]

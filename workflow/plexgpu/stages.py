@@ -58,11 +58,15 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         if tiles[0].shape != tile_shape:
             raise RawDataError(f"{spec.tile_paths(ch, z)[0]}: shape {tiles[0].shape} differs from {tile_shape} "
                                f"of CH{planes[0][0]} Z{planes[0][1]:03d}; one shape per cycle")
-        if small is None:  # filled in place: one batch array, no list + stacked copy
-            small = xp.empty((len(planes), len(tiles), params.working_size, params.working_size), xp.float32)
+        if small is None:  # filled in place: one batch array, no list + stacked copy; integer tiles' box means
+            counts = tiles[0].dtype.kind in "ui"  # kept as uint16 (within half a count): half of float32's memory
+            small = xp.empty((len(planes), len(tiles), params.working_size, params.working_size),
+                             xp.uint16 if counts else xp.float32)
         for j in range(0, len(tiles), RESIZE_TILES):  # a few tiles at a time: their float32 copies stay small
-            small[i, j:j + RESIZE_TILES] = basic.downsample(
-                xp.stack([xpmod.to_device(t, xp) for t in tiles[j:j + RESIZE_TILES]]), params.working_size)
+            resized = basic.downsample(xp.stack([xpmod.to_device(t, xp) for t in tiles[j:j + RESIZE_TILES]]),
+                                       params.working_size)
+            small[i, j:j + RESIZE_TILES] = xp.clip(xp.rint(resized), 0, 65535) if counts else resized
+            del resized
         if (ch, z) == (ref_ch, ref_z):
             ref_tiles = tiles
         advance()
