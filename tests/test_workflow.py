@@ -137,12 +137,13 @@ def test_plex_is_pyramidal_ome_with_markers(e2e, plex):
             assert f'Name="{name}"' in ome
         in_file = re.findall(r'<Channel [^>]*Name="([^"]+)"', ome)
         assert len(in_file) == len(names) and len(set(in_file)) == len(in_file)     # unique: DAPI, DAPI_cyc002, ...
+        assert tif.series[0].shape[0] == 6
+        assert tif.series[0].dtype == np.uint16 and tif.pages.first.compression == 8   # counts, deflate
     with open(tmp / "results/registered/markers.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [r["marker_name"] for r in rows] == in_file                            # MCMICRO's columns, same order
     assert [int(r["channel_number"]) for r in rows] == list(range(1, len(rows) + 1))
     assert {int(r["cycle_number"]) for r in rows} == {1, 2, 3}
-        assert tif.series[0].shape[0] == 6
 
 
 def test_worker_pool_logged_from_cpus_per_task(e2e):
