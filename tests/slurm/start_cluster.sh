@@ -259,13 +259,26 @@ esac
 wait_for 60 "node $NODE idle/mix/alloc" sh -c "sinfo -h -n $NODE -o %t | grep -Eq '^(idle|mix|alloc)'"
 log "node ready: $(sinfo -h -N -o '%N %P %t %G %c %m' | tr '\n' ';')"
 
-# ---------------------------------------------------------------- 10. smoke test
+# ---------------------------------------------------------------- 10. jobs left from an earlier run
+# This test cluster owns its queue. Jobs recovered from StateSaveLocation after an earlier run was
+# killed (or a machine image saved mid-run) hold GPUs and the accounts' GrpTRES, so the smoke test
+# and every test would queue behind them until they time out: cancel them and wait until they are gone.
+left=$(squeue -h -o %i | tr '\n' ' ')
+if [ -n "${left// /}" ]; then
+  log "cancelling jobs left from an earlier run: $left"
+  scancel $left 2>/dev/null || true
+  wait_for 90 "jobs left from an earlier run to end" sh -c '[ -z "$(squeue -h -o %i)" ]'
+fi
+
+# ---------------------------------------------------------------- 11. smoke test
+diagnose() { squeue -o '%i %j %a %P %T %r' >&2 || true; sinfo -R >&2 || true; sinfo -N -o '%N %t %G %c %m %O' >&2 || true; }
 ACCT_OPT=""; [ "$WITH_DBD" = 1 ] && ACCT_OPT="-A clive"
-out=$(timeout 60 srun $ACCT_OPT -p hpg-b200 --gres=gpu:1 -c1 --mem=100 sh -c 'echo $CUDA_VISIBLE_DEVICES')
-[ -n "$out" ] || die "smoke test: CUDA_VISIBLE_DEVICES empty"
+out=$(timeout 60 srun $ACCT_OPT -p hpg-b200 --gres=gpu:1 -c1 --mem=100 sh -c 'echo $CUDA_VISIBLE_DEVICES') \
+  || { diagnose; die "smoke test: srun --gres=gpu:1 did not run within 60 s (queue and node state above)"; }
+[ -n "$out" ] || { diagnose; die "smoke test: CUDA_VISIBLE_DEVICES empty"; }
 log "smoke test OK (srun --gres=gpu:1 -> CUDA_VISIBLE_DEVICES=$out)"
 
-# ---------------------------------------------------------------- 11. python venv
+# ---------------------------------------------------------------- 12. python venv
 if [ "$WITH_VENV" = 1 ]; then
   if [ -x "$VENV/bin/snakemake" ]; then
     log "venv already present: $VENV"
