@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
         return [(g[y:y + th, x:x + tw] * flat + 100).astype(xp.float32) for y, x in pos]
 
     times, peak = {}, 0
-    pool = xp.get_default_memory_pool() if xpmod.is_cupy(xp) else None
+    pool = xp.get_default_memory_pool() if xpmod.on_device(xp) else None
 
     def mark():
         nonlocal peak
@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
     out = {"backend": args.backend, "tiles": f"{rows}x{cols} of {th}x{tw}", "channels": nch, "z": nz,
            "rl_iterations": args.iterations, **{k: round(v, 2) for k, v in times.items()},
            "total_s": round(sum(times.values()), 2), "peak_gpu_mem_gib": round(peak / 2**30, 2) if pool else None,
-           "device": xp.cuda.runtime.getDeviceProperties(0)["name"].decode() if xpmod.is_cupy(xp) else "cpu"}
+           "device": xp.cuda.runtime.getDeviceProperties(0)["name"].decode() if xpmod.on_device(xp) else "cpu"}
     print(json.dumps(out))
     return out
 

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _backends():
-    params = [pytest.param("numpy", id="numpy")]
+    params = [pytest.param("numpy", id="numpy"), pytest.param("strict", id="strict")]
     params.append(pytest.param("cupy", id="cupy", marks=pytest.mark.skipif(
         not xpmod.cupy_available(), reason="CuPy with a CUDA device not present (runs on the GPU machine)")))
     return params
@@ -22,6 +22,11 @@ def _backends():
 
 @pytest.fixture(params=_backends())
 def xp(request):
+    """NumPy; the strict CuPy stand-in (tests/strict_device.py: CuPy's refusals on NumPy storage, run
+    on every machine); and CuPy itself where a GPU answers."""
+    if request.param == "strict":
+        from strict_device import STRICT
+        return STRICT
     return xpmod.get_xp(request.param)
 
 

@@ -139,11 +139,13 @@ class _Problems:
     def __init__(self, xp, Im, params: BasicParams, lam_f, weights=None):
         self.xp, self.Im, self.p = xp, Im, params
         b, n, h, w = Im.shape
-        flat = Im.reshape(b, n, h * w).astype(xp.float64)
+        flat = Im.reshape(b, n, h * w)                                    # a view: no float64 copy of Im
         # spectral norm of each (N, P) matrix = sqrt of the largest eigenvalue of its N x N Gram matrix
-        gram = xp.matmul(flat, flat.transpose(0, 2, 1))
+        # (the Gram matrix in float32 is good to ~1e-5 relative: it only sets ADMM's first step; its
+        # eigenvalues, N x N per problem, in float64)
+        gram = xp.matmul(flat, flat.transpose(0, 2, 1)).astype(xp.float64)
         self.init_mu = 12.5 / xp.sqrt(xp.linalg.eigvalsh(gram)[:, -1])
-        self.im_norm = xp.sqrt((flat ** 2).sum(axis=(1, 2)))
+        self.im_norm = xp.sqrt(xp.square(flat).sum(axis=(1, 2), dtype=xp.float64))
         self.lam_f = lam_f
         self.Im_mean_tiles = Im.mean(axis=1)                              # (b, h, w): constant
         self.Im_mean_pixels = Im.mean(axis=(2, 3), dtype=xp.float64)      # (b, n): constant
@@ -167,8 +169,9 @@ class _Problems:
         self.S_hat[rows] = _dct2(xp, xp.ones((len(rows), h, w), Im.dtype))
         self.I_R[rows] = 0
         self.Y[rows] = 0
-        sub = Im[rows].astype(xp.float64)
-        self.B[rows] = (sub.mean(axis=(2, 3)) / sub.mean(axis=(1, 2, 3))[:, None]).astype(Im.dtype)
+        sub = Im[rows]
+        self.B[rows] = (sub.mean(axis=(2, 3), dtype=xp.float64)
+                        / sub.mean(axis=(1, 2, 3), dtype=xp.float64)[:, None]).astype(Im.dtype)
         self.mu[rows] = self.init_mu[rows]
         self.iterations[rows] = 0
 
@@ -225,8 +228,8 @@ class _Problems:
 
     def flatfield(self, j):
         """Flatfield (mean 1) of problem ``j`` after its inner loop."""
-        S = _idct2(self.xp, self.S_hat[j]).astype(self.xp.float64)
-        return S / S.mean()
+        S = _idct2(self.xp, self.S_hat[j])
+        return S / S.mean(dtype=self.xp.float64).astype(S.dtype)
 
     def reweight(self, j) -> None:
         xp = self.xp
@@ -234,13 +237,13 @@ class _Problems:
         I_B = S[None] * self.B[j][:, None, None]
         xe = self.I_R[j] / (I_B.mean(axis=(1, 2), keepdims=True) + 1e-6)
         wgt = 1.0 / (xp.abs(xe) + EPSILON)
-        self.W[j] = (wgt * (wgt.size / wgt.sum(dtype=xp.float64))).astype(self.W.dtype)
+        self.W[j] = wgt * (wgt.size / wgt.sum(dtype=xp.float64)).astype(self.W.dtype)
 
 
 def _lambda_flat(xp, Im):
     """Automatic flatfield regularisation from the DCT of the normalised mean image (per problem)."""
-    mean = Im.mean(axis=1, dtype=xp.float64)
-    mean = mean / mean.mean(axis=(1, 2), keepdims=True)
+    mean = Im.mean(axis=1)
+    mean = mean / mean.mean(axis=(1, 2), keepdims=True, dtype=xp.float64).astype(mean.dtype)
     return xp.abs(_dct2(xp, mean)).sum(axis=(1, 2)) / 400 * LAMBDA_FLAT
 
 
@@ -273,7 +276,7 @@ def fit_batch(D, params: BasicParams = BasicParams(), group: int | None = None,
     if init_weights is not None and tuple(init_weights.shape) != tuple(Im.shape):
         raise ValueError(f"init_weights shape {tuple(init_weights.shape)} differs from the tiles' {tuple(Im.shape)}")
     if group is None:
-        group = b if xpmod.is_cupy(xp) else 1
+        group = b if xpmod.on_device(xp) else 1
     if group < b:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -362,7 +365,7 @@ def fit_anchored(D, anchors: list[int], params: BasicParams = BasicParams(), wor
     # the other planes in slices: their tiles and starting weights are gathered into new arrays, and
     # gathering all at once doubled the batch in host memory on the CPU (32 planes: +230 MB, the
     # stitch job 1.29x over its bound). On a GPU one slice: all planes advance together.
-    step = len(rest) if xpmod.is_cupy(xp) else max(1, workers)
+    step = len(rest) if xpmod.on_device(xp) else max(1, workers)
     for s in range(0, len(rest), step):
         part = rest[s:s + step]
         w0 = first.weights[xp.asarray([row[anchors[i]] for i in part])]

@@ -176,7 +176,7 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     # 0.9985-0.9994 correlation with the in-focus truth vs 0.9973-0.9986 linear; the plane nearest
     # the true depth 0.9982-0.9992)
     centre = xp.clip(xp.rint(index), 1, nz - 2).astype(xp.int32)
-    t = index - centre
+    t = index - centre.astype(xp.float32)                  # float32 - int32 would be float64
     image = xp.zeros(index.shape, xp.float32)
     w = xp.empty_like(image)
     lo = xp.full(index.shape, xp.inf, xp.float32)         # the range of the planes each pixel is made of
@@ -214,7 +214,7 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     # map the fractional index among kept planes back to the original plane numbering
     lo = xp.floor(index).astype(xp.int32)
     hi = xp.minimum(lo + 1, nz - 1)
-    frac = (index - lo).astype(xp.float32)
+    frac = index - lo.astype(xp.float32)
     orig = xp.take(kept_arr, lo) * (1 - frac) + xp.take(kept_arr, hi) * frac
     return EDFResult(image=image, focus_index=orig.astype(xp.float32), kept_planes=kept)
 

@@ -172,9 +172,9 @@ def phase_correlation(a, b, window: bool = True, near: tuple[float, float] | Non
 def ncc(a, b) -> float:
     """Normalised cross-correlation of two same-shape arrays (host or device)."""
     xp = xpmod.array_module(a, b)
-    a = xp.asarray(a, dtype=xp.float64).ravel()
-    b = xp.asarray(b, dtype=xp.float64).ravel()
-    a = a - a.mean()
-    b = b - b.mean()
-    den = float(xp.sqrt((a * a).sum() * (b * b).sum()))
-    return float((a * b).sum()) / den if den > 0 else 0.0
+    a = xp.asarray(a, dtype=xp.float32).ravel()           # float32 pixels, float64 sums
+    b = xp.asarray(b, dtype=xp.float32).ravel()
+    a = a - a.mean(dtype=xp.float64).astype(xp.float32)
+    b = b - b.mean(dtype=xp.float64).astype(xp.float32)
+    den = float(xp.sqrt((a * a).sum(dtype=xp.float64) * (b * b).sum(dtype=xp.float64)))
+    return float((a * b).sum(dtype=xp.float64)) / den if den > 0 else 0.0

@@ -1,9 +1,14 @@
 """The one seam between NumPy/SciPy and CuPy/cupyx.
 
 Every algorithm takes arrays and asks this module for the matching namespaces, so
-the same code runs on NumPy in CI and on CuPy on a GPU. No other module imports
-cupy. cupyx submodules are imported lazily: some fail to import without a GPU
-(missing libcublasLt), and a CPU run must never touch them.
+the same code runs on NumPy in CI and on CuPy on a GPU. Apart from the GPU guard
+(gpu.py), no other module imports cupy. cupyx submodules are imported lazily: some
+fail to import without a GPU (missing libcublasLt), and a CPU run must never touch them.
+
+A device namespace other than CuPy -- the tests' strict stand-in (tests/strict_device.py),
+which runs CuPy's rules on NumPy storage in CI -- is recognised by what it offers: its
+arrays name it through ``__array_namespace__`` and come back with ``.get()``, and it
+brings its own fft/ndimage companions as ``plexgpu_fft`` / ``plexgpu_ndimage``.
 """
 
 from __future__ import annotations
@@ -53,16 +58,18 @@ def backend_for_device(device: str) -> str:
 
 
 def array_module(*arrays: Any) -> ModuleType:
-    """NumPy or CuPy, whichever holds the arrays."""
+    """NumPy or the device namespace (CuPy), whichever holds the arrays."""
     for a in arrays:
-        mod = type(a).__module__
-        if mod.startswith("cupy"):
+        if type(a).__module__.startswith("cupy"):
             return _cupy()
+        if not isinstance(a, (np.ndarray, np.generic)) and hasattr(a, "__array_namespace__"):
+            return a.__array_namespace__()
     return np
 
 
-def is_cupy(xp: ModuleType) -> bool:
-    return xp.__name__.startswith("cupy")
+def on_device(xp: ModuleType) -> bool:
+    """True for a device namespace (CuPy, or the tests' stand-in of it); False for NumPy."""
+    return xp is not np
 
 
 def to_device(a: Any, xp: ModuleType) -> Any:
@@ -72,41 +79,41 @@ def to_device(a: Any, xp: ModuleType) -> Any:
 
 def to_host(a: Any) -> np.ndarray:
     """A NumPy array, copying back from the GPU where needed."""
-    if type(a).__module__.startswith("cupy"):
+    if array_module(a) is not np:
         return a.get()
     return np.asarray(a)
 
 
 def fft(xp: ModuleType) -> ModuleType:
     """``scipy.fft`` or ``cupyx.scipy.fft`` (both have dctn/idctn with norm='ortho')."""
-    if is_cupy(xp):
-        return importlib.import_module("cupyx.scipy.fft")
+    if on_device(xp):
+        return getattr(xp, "plexgpu_fft", None) or importlib.import_module("cupyx.scipy.fft")
     return importlib.import_module("scipy.fft")
 
 
 def ndimage(xp: ModuleType) -> ModuleType:
     """``scipy.ndimage`` or ``cupyx.scipy.ndimage``."""
-    if is_cupy(xp):
-        return importlib.import_module("cupyx.scipy.ndimage")
+    if on_device(xp):
+        return getattr(xp, "plexgpu_ndimage", None) or importlib.import_module("cupyx.scipy.ndimage")
     return importlib.import_module("scipy.ndimage")
 
 
 def fft_workers(xp: ModuleType, workers: int | None) -> dict:
     """Keyword arguments for fft calls: scipy takes ``workers=``, cupyx does not."""
-    if is_cupy(xp) or not workers:
+    if on_device(xp) or not workers:
         return {}
     return {"workers": workers}
 
 
 def synchronize(xp: ModuleType) -> None:
     """Wait for queued GPU work (for honest timings); no-op on NumPy."""
-    if is_cupy(xp):
+    if on_device(xp):
         xp.cuda.Stream.null.synchronize()
 
 
 def free_device_bytes(xp: ModuleType) -> int | None:
     """Free memory of the current GPU plus what CuPy's pool holds for reuse; None on NumPy."""
-    if not is_cupy(xp):
+    if not on_device(xp):
         return None
     free, _total = xp.cuda.Device().mem_info
     return int(free + xp.get_default_memory_pool().free_bytes())
