@@ -185,3 +185,30 @@ def test_plex_uint16_deflate_tiled_and_readable(tmp_path):
     ratio = (tmp_path / "u.ome.tif").stat().st_size / (tmp_path / "f.ome.tif").stat().st_size
     print(f"uint16 + deflate / float32 uncompressed: {ratio:.2f}")
     assert ratio < 0.5
+
+
+def test_pyramid_writer_holds_one_plane_whatever_the_channel_count(tmp_path):
+    """tracemalloc over the whole write of 8 float32 channels to uint16: the peak is about one plane
+    as read plus one in the file's dtype plus tiles and halved levels (1.9 float32 planes measured; 3.0
+    before the writer dropped each plane before reading the next), not the multiplex (8 planes)."""
+    import tracemalloc
+
+    from plexgpu.io.tiff import write_pyramidal_ome
+
+    shape = (1024, 1536)
+    plane_bytes = shape[0] * shape[1] * 4
+
+    def read_plane(c):                        # a fresh float32 plane per call, as read from disk
+        return np.full(shape, 100.0 + c, np.float32)
+
+    tracemalloc.start()
+    try:
+        write_pyramidal_ome(tmp_path / "plex.ome.tif", read_plane, 8, [f"c{c}" for c in range(8)], 0.5,
+                            dtype="uint16")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    print(f"peak {peak / plane_bytes:.2f} float32 planes")
+    assert peak < 2.25 * plane_bytes, f"peak {peak / plane_bytes:.2f} planes"
+    back = read_tiff(tmp_path / "plex.ome.tif")
+    assert back.shape == (8,) + shape and back.dtype == np.uint16 and int(back[7, 5, 5]) == 107

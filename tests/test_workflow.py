@@ -146,6 +146,29 @@ def test_plex_is_pyramidal_ome_with_markers(e2e, plex):
     assert {int(r["cycle_number"]) for r in rows} == {1, 2, 3}
 
 
+def test_every_ome_output_validates_and_the_browsable_ones_are_tiled_pyramids(e2e):
+    """Each *.ome.tif of the run: its OME-XML validates against the OME 2016-06 schema (ome-types, as
+    readers do), its pixel size agrees with the TIFF resolution tags, and the 2-D images users browse
+    (edf/, registered/) are 512 px tiles, deflate, with reduced levels."""
+    import ome_types
+
+    tmp, *_ = e2e
+    res = tmp / "results"
+    files = sorted(res.rglob("*.ome.tif"))
+    assert len(files) >= 3 * 2 * 5 + 2
+    for path in files:
+        ome = ome_types.from_tiff(path, validate=True)
+        px = ome.images[0].pixels
+        assert px.physical_size_x == pytest.approx(0.377), path
+        with tifffile.TiffFile(path) as tif:
+            page = tif.pages.first
+            per_cm = page.tags["XResolution"].value
+            assert page.tags["ResolutionUnit"].value == 3 and per_cm[0] / per_cm[1] == pytest.approx(1e4 / 0.377), path
+            if path.parent.parent.name in ("edf", "registered") and path.parent.name.startswith("cyc"):
+                assert page.is_tiled and page.compression == 8 and len(tif.series[0].levels) >= 1, path
+                assert tif.series[0].ndim == 2, path
+
+
 def test_worker_pool_logged_from_cpus_per_task(e2e):
     tmp, *_ = e2e
     log = (tmp / "results/logs/stitch/cyc001.log").read_text()

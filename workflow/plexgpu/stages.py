@@ -18,7 +18,7 @@ from . import basic, deconvolution, edf, psf, registration, shading, stitching
 from . import xp as xpmod
 from .experiment import CycleSpec
 from .io.raw import RawDataError
-from .io.tiff import StackReader, ome_writer, read_tiff, write_ome, write_pyramidal_ome, write_text_atomic
+from .io.tiff import StackReader, ome_writer, read_tiff, write_ome, write_plane, write_pyramidal_ome, write_text_atomic
 from .job import JobContext
 
 log = logging.getLogger("plexgpu")
@@ -246,10 +246,9 @@ def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, stacks: dict
             stack = StackReader(paths_[ch])              # read plane by plane, never whole
             res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp,
                                               invalid=_fault_masks(bad, footprints, stack.shape[1:]))
-            write_ome(out[kind][ch], xpmod.to_host(res.image), "YX", spec.pixel_size_um, None, [spec.marker(ch)])
+            write_plane(out[kind][ch], xpmod.to_host(res.image), spec.marker(ch), spec.pixel_size_um)
             if i == 0:
-                write_ome(focus_out[ch], xpmod.to_host(res.focus_index), "YX", spec.pixel_size_um, None,
-                          ["focus index"])
+                write_plane(focus_out[ch], xpmod.to_host(res.focus_index), "focus index", spec.pixel_size_um)
             del res
             log.info("CH%d: EDF (%s) from %d of %d planes", ch, kind, len(kept), stack.shape[0])
 
@@ -303,7 +302,7 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
                     xpmod.to_device(read_tiff(inputs[kind][spec.key][ch]).astype(np.float32), xp)
                 reg = xpmod.to_host(registration.apply_shift(img, s, shape))
                 path = out["registered"][kind][spec.key][ch]
-                write_ome(path, reg, "YX", spec.pixel_size_um, None, [spec.marker(ch)])
+                write_plane(path, reg, spec.marker(ch), spec.pixel_size_um)
                 registered[kind].append(path)
                 del img, reg
         del moving

@@ -254,9 +254,9 @@ class StackReader:
 
 
 def _halve(plane: np.ndarray) -> np.ndarray:
-    """2x2 mean (odd edge dropped), same dtype."""
+    """2x2 mean (odd edge dropped), same dtype (float32 arithmetic: a quarter plane of temporaries)."""
     h, w = (plane.shape[0] // 2) * 2, (plane.shape[1] // 2) * 2
-    return plane[:h, :w].reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3)).astype(plane.dtype)
+    return plane[:h, :w].reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3), dtype=np.float32).astype(plane.dtype)
 
 
 def _tiles(plane: np.ndarray, tile: tuple[int, int] | None) -> Iterator[np.ndarray]:
@@ -265,15 +265,22 @@ def _tiles(plane: np.ndarray, tile: tuple[int, int] | None) -> Iterator[np.ndarr
         return
     for y in range(0, plane.shape[0], tile[0]):
         for x in range(0, plane.shape[1], tile[1]):
-            yield plane[y:y + tile[0], x:x + tile[1]]
+            yield plane[y:y + tile[0], x:x + tile[1]].copy()     # a view would keep the whole plane alive
 
 
-def _as(plane: np.ndarray, dtype) -> np.ndarray:
-    """A plane in the file's dtype: counts rounded and kept within uint16 (never wrapped)."""
+def _as(plane: np.ndarray, dtype, strip_px: int = 1 << 18) -> np.ndarray:
+    """A plane in the file's dtype: counts rounded and kept within uint16 (never wrapped). Converted
+    in strips of about ``strip_px`` pixels, so the only full-size allocation is the result."""
     dtype = np.dtype(dtype)
-    if dtype == np.uint16 and plane.dtype != np.uint16:
-        return np.clip(np.rint(plane), 0, 65535).astype(np.uint16)
-    return np.asarray(plane, dtype=dtype)
+    plane = np.asarray(plane)
+    if plane.dtype == dtype:
+        return plane
+    rows = max(1, strip_px // max(1, plane.shape[-1]))
+    out = np.empty(plane.shape, dtype)
+    for y in range(0, plane.shape[0], rows):
+        strip = plane[y:y + rows]
+        out[y:y + rows] = np.clip(np.rint(strip), 0, 65535) if dtype == np.uint16 else strip
+    return out
 
 
 def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_names: list[str],
@@ -286,12 +293,13 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
 
     ``read_plane(c)`` returns channel ``c`` (YX) and is called once per channel: the full
     resolution is streamed into the file while the reduced levels go to scratch files beside
-    it, so memory holds one plane, never the whole multiplex. Returns the number of levels.
+    it, so memory holds one plane as read and one in the file's dtype, never the whole multiplex
+    (tests/test_tiff_io.py measures it). Returns the number of levels.
     """
     first = np.asarray(read_plane(0))
     dtype = np.dtype(dtype or first.dtype)
-    first = _as(first, dtype)
-    shape = first.shape
+    first = [_as(first, dtype)]                      # handed to the writer once, then dropped
+    shape = first[0].shape
     sizes = [shape]
     while min(sizes[-1]) // 2 >= min_size:
         sizes.append((sizes[-1][0] // 2, sizes[-1][1] // 2))
@@ -309,7 +317,7 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
 
         def full_resolution():
             for c in range(n_planes):
-                plane = first if c == 0 else _as(np.asarray(read_plane(c)), dtype)
+                plane = first.pop() if c == 0 else _as(read_plane(c), dtype)
                 if plane.shape != shape:
                     raise ValueError(f"plane {c} has shape {plane.shape}, plane 0 {shape}")
                 sha1.update(np.ascontiguousarray(plane).view(np.uint8).ravel())
@@ -319,6 +327,7 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
                     with open(level, "ab") as fh:
                         fh.write(cur.tobytes())
                 yield from _tiles(plane, tile)
+                del plane, cur                      # before the next plane is read
 
         def reduced(level: Path, size: tuple[int, int]):
             count = size[0] * size[1]
@@ -334,3 +343,9 @@ def write_pyramidal_ome(path: str | Path, read_plane, n_planes: int, channel_nam
                           **_resolution(pixel_size_um * 2 ** k if pixel_size_um else None), **opts)
         _set_uuid(tmp, path, sha1.hexdigest())
     return len(sizes)
+
+
+def write_plane(path: str | Path, plane: np.ndarray, name: str, pixel_size_um: float | None, dtype=None) -> int:
+    """One YX image (an EDF, a registered channel, a focus map) as a tiled, deflate-compressed,
+    pyramidal OME-TIFF, as the plex file: QuPath and napari browse it without loading it whole."""
+    return write_pyramidal_ome(path, lambda c: plane, 1, [name], pixel_size_um, dtype=dtype)
