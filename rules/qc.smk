@@ -6,8 +6,11 @@ rule qc_stitch:
     input:
         profiles=per_channel(PROFILES),
         pairs=f"{R}/{paths.PAIRS}",
+        planes=f"{R}/{paths.PLANES}",
+        reference=expand(STITCHED, ch=config["registration"]["reference_channel"], allow_missing=True),
     output:
         png=f"{R}/qc/stitch/{{cycle}}.png",
+        shading=f"{R}/qc/stitch/{{cycle}}.shading.png",
         metrics=f"{R}/qc/stitch/{{cycle}}.json",
     threads: res("qc", "cpus_per_task")
     resources:
@@ -46,6 +49,7 @@ rule qc_edf:
     input:
         edf=per_channel(EDF),
         focus=per_channel(FOCUS),
+        planes=f"{R}/{paths.PLANES}",
     output:
         png=f"{R}/qc/edf/{{cycle}}.png",
         metrics=f"{R}/qc/edf/{{cycle}}.json",
@@ -67,8 +71,10 @@ rule qc_registration:
         shifts=SHIFTS,
         reference=expand(REGISTERED, cycle=CYCLES, ch=config["registration"]["reference_channel"]),
     output:
-        png=f"{R}/qc/registration.png",
+        overlays=expand(f"{R}/qc/registration/{{cycle}}.png", cycle=CYCLES),
         metrics=f"{R}/qc/registration.json",
+    params:
+        cycles=CYCLES,
     threads: res("qc", "cpus_per_task")
     resources:
         cpus_per_task=res("qc", "cpus_per_task"),

@@ -5,8 +5,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "workflow"))  # noqa: F821 (the library)
 
-from plexgpu import qc
+from plexgpu import qc_page
 
 sm = snakemake  # noqa: F821
-qc.write_index(sm.output.html, sm.output.metrics, list(sm.input.stitch), list(sm.input.decon), list(sm.input.edf),
-               sm.input.registration)
+qc_page.write_index(sm.output.html, sm.output.metrics, list(sm.input.stitch), list(sm.input.decon),
+                    list(sm.input.edf), sm.input.registration)

@@ -10,4 +10,5 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
 with job_context("qc_stitch", sm.log[0], sm.resources, "cpu"):
-    qc.qc_stitch(sm.wildcards.cycle, list(sm.input.profiles), sm.input.pairs, sm.output.png, sm.output.metrics)
+    qc.qc_stitch(sm.wildcards.cycle, list(sm.input.profiles), sm.input.pairs, sm.input.planes, sm.input.reference[0],
+                 sm.output.png, sm.output.shading, sm.output.metrics)

@@ -29,3 +29,39 @@ def test_qc_decon_flux_and_sharpness_from_streamed_planes(tmp_path):
     assert ch["sharpness_gain"] > 1.1
     assert json.loads((tmp_path / "decon.json").read_text()) == metrics
     assert (tmp_path / "decon.png").stat().st_size > 0
+    # 1.02 everywhere plus the sharper plane's extra light: 1.07, beyond 5 % (warn); a third lost fails
+    assert metrics["status"] == "warn" and metrics["reasons"] == ["CH1: flux ratio 1.070"]
+    write_ome(tmp_path / "d/CH1.ome.tif", stitched.astype(np.float32) * 0.66, "ZYX")
+    lost = qc.qc_decon("cyc001", [str(tmp_path / "CH1.ome.tif")], [str(tmp_path / "d/CH1.ome.tif")],
+                       str(tmp_path / "decon.png"), str(tmp_path / "decon.json"))
+    assert lost["status"] == "fail" and "flux ratio 0.660" in lost["reasons"][0]
+
+
+def test_qc_edf_names_left_out_planes_and_focus_at_the_stack_end(tmp_path):
+    """The EDF verdict applies the EDF job's own quality gate to the recorded tile statistics: a plane
+    whose tiles were all dropped frames is named; a focus map sitting on the last plane is a warning."""
+    nz = 5
+    good = {"zero_fraction": 0.0, "saturated_fraction": 0.0, "constant": False}
+    recorded = {"1": {str(z): [dict(good, constant=(z == 3)) for _ in range(4)] for z in range(1, nz + 1)}}
+    (tmp_path / "planes.json").write_text(json.dumps({"recorded": recorded}))
+    edf_img = np.random.default_rng(0).uniform(50, 500, (64, 64)).astype(np.float32)
+    write_ome(tmp_path / "CH1.ome.tif", edf_img, "YX")
+    focus = np.full((64, 64), nz - 1, np.float32)              # everything in focus on the last plane
+    focus[:, :16] = 2.0
+    write_ome(tmp_path / "CH1.focus.tif", focus, "YX")
+    m = qc.qc_edf("cyc001", [str(tmp_path / "CH1.ome.tif")], [str(tmp_path / "CH1.focus.tif")],
+                  str(tmp_path / "planes.json"), str(tmp_path / "edf.png"), str(tmp_path / "edf.json"))
+    assert m["status"] == "warn"
+    assert m["channels"]["CH1"]["planes_kept"] == nz - 1
+    assert any("1 of 5 planes left out" in r for r in m["reasons"])
+    assert any("75%" in r and "beyond the z range" in r for r in m["reasons"])
+
+
+def test_tile_graph_colours_pairs_by_ncc_and_marks_rejected():
+    plane = np.zeros((200, 300), np.float32)
+    footprints = [[0, 0, 100, 160], [0, 140, 100, 160]]
+    pic = qc.tile_graph_picture(plane, footprints, [{"tile_a": "1", "tile_b": "2", "accepted": "1", "ncc": "1.0"}])
+    mid = pic[50, 150]
+    assert tuple(mid) == qc.ncc_colour(1.0) and mid[1] > mid[0]                 # green: a good seam
+    pic = qc.tile_graph_picture(plane, footprints, [{"tile_a": "1", "tile_b": "2", "accepted": "0", "ncc": "0.2"}])
+    assert tuple(pic[50, 150]) == (150, 0, 0)                                   # rejected: dark red

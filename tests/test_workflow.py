@@ -182,8 +182,16 @@ def test_qc_page_and_metrics(e2e):
     metrics = json.loads((qc / "metrics.json").read_text())
     assert len(metrics["stitch"]) == 3 and metrics["registration"]["shifts"]
     html = (qc / "index.html").read_text()
-    for png in ("stitch/cyc001.png", "edf/cyc002.png", "deconvolve/cyc003.png", "registration.png"):
+    for png in ("stitch/cyc001.png", "stitch/cyc001.shading.png", "edf/cyc002.png", "deconvolve/cyc003.png",
+                "registration/cyc002.png"):
         assert png in html and (qc / png).stat().st_size > 100
+    # a verdict for every cycle x stage, at the top, before the first picture
+    assert html.index("<th>registration</th>") < html.index("<img")
+    for m in metrics["stitch"] + metrics["deconvolve"] + metrics["edf"]:
+        assert m["status"] in ("ok", "warn", "fail") and isinstance(m["reasons"], list)
+    assert metrics["stitch"][0]["pairs_accepted"] > 0 and len(metrics["stitch"][0]["histogram"]["counts"]) == 48
+    assert all(s["ncc_to_reference"] > 0.5 for s in metrics["registration"]["shifts"])
+    assert "<details>" in html and "pairs.csv" in html
 
 
 def test_second_run_nothing_to_do_and_param_change_reruns_downstream_only(e2e):

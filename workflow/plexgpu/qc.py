@@ -1,169 +1,306 @@
-"""Quality control: metrics and pictures per stage, collected into one HTML page.
-QC only reads results; it never modifies data and never asks for a GPU."""
+"""Quality control per stage: pictures, metrics and a verdict (ok / warn / fail with the reason).
+
+QC only reads results; it never modifies data and never asks for a GPU. Each function writes
+its pictures and one JSON of metrics; ``qc_page.write_index`` puts them on one page. The
+verdict rules say what a scientist would look for, each with the physical reason:
+
+- stitch: seams that match (NCC of accepted pairs), how many pairs matched, a plausible
+  flatfield (vignetting within 0.5..1.5 of the mean), an offset that could be fitted, and no
+  pixels saturated by the correction;
+- deconvolve: the flux kept (RL conserves it; a ratio far from 1 is a PSF or boundary problem);
+- edf: planes left out by the quality gate, and focus found at the stack's end (the specimen may
+  reach beyond the z range);
+- registration: each cycle's reference channel, once moved, resembles the reference cycle's.
+"""
 
 from __future__ import annotations
 
 import csv
-import html
 import json
 from pathlib import Path
 
 import numpy as np
 
+from . import edf
 from .io.tiff import StackReader, atomic_path, read_tiff, write_text_atomic
 
+THUMB_PX = 900                    # longest side of a mosaic picture
+# intensities 10 .. 100000 on a log axis, the same bins for every stage; from 10 up, every bin is at
+# least one count wide, so integer data (stitched, uint16) shows no comb of empty bins
+HIST_EDGES = np.logspace(1, 5, 49)
 
-def to_png(path: str | Path, img: np.ndarray, lo_hi: tuple[float, float] | None = None) -> None:
-    """Grayscale (2-D) or RGB (3-D, last axis 3) PNG, contrast-stretched to the 0.5-99.5 % range."""
+# verdict thresholds (each one's reason is in the module docstring)
+MIN_SEAM_NCC = 0.5
+MIN_ACCEPTED_FRACTION = 0.5
+FLAT_RANGE = (0.5, 1.5)
+FLUX_WARN, FLUX_FAIL = 0.05, 0.2
+FOCUS_AT_END_FRACTION = 0.25
+MIN_REGISTERED_NCC = 0.5
+
+
+# ----------------------------------------------------------------------------- pictures
+def _stretch(a: np.ndarray, lo_hi: tuple[float, float] | None = None) -> np.ndarray:
+    """0..1, contrast-stretched to the 0.5-99.5 % range (or ``lo_hi``); NaN stays NaN."""
+    a = np.asarray(a, np.float32)
+    finite = a[np.isfinite(a)]
+    lo, hi = lo_hi if lo_hi else ((float(np.percentile(finite, 0.5)), float(np.percentile(finite, 99.5)))
+                                  if finite.size else (0.0, 1.0))
+    return np.clip((a - lo) / max(hi - lo, 1e-12), 0, 1)
+
+
+# viridis at 6 stops: perceptually even, readable by colour-blind viewers
+_VIRIDIS = np.array([[68, 1, 84], [65, 68, 135], [42, 120, 142], [34, 168, 132], [122, 209, 81], [253, 231, 37]],
+                    np.float32)
+
+
+def colormap(a01: np.ndarray) -> np.ndarray:
+    """0..1 -> RGB uint8 (viridis); NaN -> mid grey."""
+    x = np.nan_to_num(a01, nan=-1.0) * (len(_VIRIDIS) - 1)
+    i = np.clip(np.floor(x), 0, len(_VIRIDIS) - 2).astype(int)
+    t = np.clip(x - i, 0, 1)[..., None]
+    rgb = _VIRIDIS[i] * (1 - t) + _VIRIDIS[i + 1] * t
+    rgb[np.asarray(a01 != a01)] = 128
+    return rgb.astype(np.uint8)
+
+
+def _gray_rgb(a01: np.ndarray) -> np.ndarray:
+    g = (np.nan_to_num(a01, nan=0.0) * 255).astype(np.uint8)
+    return np.stack([g, g, g], axis=-1)
+
+
+def _save_png(path: str | Path, rgb: np.ndarray) -> None:
     from PIL import Image
 
-    a = np.asarray(img, np.float32)
-    lo, hi = lo_hi if lo_hi else (float(np.percentile(a, 0.5)), float(np.percentile(a, 99.5)))
-    a = np.clip((a - lo) / max(hi - lo, 1e-12), 0, 1)
     with atomic_path(path) as tmp:
-        Image.fromarray((a * 255).astype(np.uint8)).save(tmp, format="PNG")
+        Image.fromarray(rgb).save(tmp, format="PNG")
 
 
-def _thumb(img: np.ndarray, size: int = 256) -> np.ndarray:
+def _thumb(img, size: int = 256) -> np.ndarray:
     step = max(1, int(np.ceil(max(img.shape[-2:]) / size)))
-    return img[..., ::step, ::step]
+    return np.asarray(img[..., ::step, ::step])
 
 
-def _montage(images: list[list[np.ndarray]], pad: int = 2) -> np.ndarray:
-    h = max(i.shape[0] for row in images for i in row)
-    w = max(i.shape[1] for row in images for i in row)
-    cols = max(len(r) for r in images)
-    out = np.full((len(images) * (h + pad), cols * (w + pad)), np.nan, np.float32)
-    for r, row in enumerate(images):
-        for c, img in enumerate(row):
-            out[r * (h + pad):r * (h + pad) + img.shape[0], c * (w + pad):c * (w + pad) + img.shape[1]] = img
-    return np.nan_to_num(out, nan=float(np.nanmin(out)))
+def _row(images: list[np.ndarray], pad: int = 4) -> np.ndarray:
+    """RGB images side by side on white."""
+    h = max(i.shape[0] for i in images)
+    out = np.full((h, sum(i.shape[1] for i in images) + pad * (len(images) - 1), 3), 255, np.uint8)
+    x = 0
+    for img in images:
+        out[:img.shape[0], x:x + img.shape[1]] = img
+        x += img.shape[1] + pad
+    return out
 
 
-def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, png: str, out_json: str) -> dict:
-    """Flatfield per z-plane (montage: channels x z) and seam scores per pair."""
-    rows, flat_stats = [], {}
-    for path in profiles:
-        prof = read_tiff(path)                         # Z, 2, Y, X
-        rows.append([_thumb(prof[z, 0], 96) for z in range(prof.shape[0])])
-        name = Path(path).name.split(".")[0]
-        flat_stats[name] = {"flat_min": [float(prof[z, 0].min()) for z in range(prof.shape[0])],
-                            "flat_max": [float(prof[z, 0].max()) for z in range(prof.shape[0])],
-                            "dark_mean": [float(prof[z, 1].mean()) for z in range(prof.shape[0])]}
-    to_png(png, _montage(rows), (0.5, 1.5))
+def _grid(rows: list[list[np.ndarray]], pad: int = 4) -> np.ndarray:
+    lines = [_row(r, pad) for r in rows]
+    w = max(r.shape[1] for r in lines)
+    out = np.full((sum(r.shape[0] for r in lines) + pad * (len(lines) - 1), w, 3), 255, np.uint8)
+    y = 0
+    for r in lines:
+        out[y:y + r.shape[0], :r.shape[1]] = r
+        y += r.shape[0] + pad
+    return out
+
+
+def ncc_colour(ncc: float) -> tuple[int, int, int]:
+    """Seam NCC -> red (<= 0.5) .. yellow (0.75) .. green (1.0)."""
+    t = float(np.clip((ncc - 0.5) / 0.5, 0, 1))
+    return (int(230 * min(1, 2 - 2 * t)), int(200 * min(1, 2 * t)), 40)
+
+
+def histogram(img: np.ndarray) -> dict:
+    """Counts on HIST_EDGES (the fraction below its first edge apart): comparable across stages."""
+    a = np.asarray(img, np.float32).ravel()
+    counts, _ = np.histogram(a, HIST_EDGES)
+    return {"below_first_edge": float((a < HIST_EDGES[0]).mean()), "counts": counts.tolist()}
+
+
+def _verdict(problems: list[tuple[str, str]]) -> dict:
+    """[(level, reason)] -> {"status": worst level, "reasons": [...]}."""
+    order = {"ok": 0, "warn": 1, "fail": 2}
+    status = max([lvl for lvl, _ in problems], key=order.get, default="ok")
+    return {"status": status, "reasons": [r for _, r in problems]}
+
+
+# ----------------------------------------------------------------------------- stitch
+def _pairs(pairs_csv: str) -> list[dict]:
     with open(pairs_csv) as fh:
-        pairs = [r for r in csv.DictReader(fh) if r.get("tile_a", "").isdigit()]
-    ncc = [float(p["ncc"]) for p in pairs if p["accepted"] == "1"]
-    metrics = {"cycle": cycle, "pairs": len(pairs), "pairs_accepted": sum(p["accepted"] == "1" for p in pairs),
+        return [r for r in csv.DictReader(fh) if r.get("tile_a", "").isdigit()]
+
+
+def tile_graph_picture(mosaic_plane, footprints: list, pairs: list[dict]) -> np.ndarray:
+    """The mosaic (grey) with a line between the centres of every pair: coloured by NCC where
+    accepted, thin dark red where rejected; a dot at each tile centre."""
+    from PIL import Image, ImageDraw
+
+    step = max(1, int(np.ceil(max(mosaic_plane.shape) / THUMB_PX)))
+    img = Image.fromarray(_gray_rgb(_stretch(np.asarray(mosaic_plane[::step, ::step]))))
+    draw = ImageDraw.Draw(img)
+    centre = [((x + w / 2) / step, (y + h / 2) / step) for y, x, h, w in footprints]
+    for p in pairs:
+        a, b = centre[int(p["tile_a"]) - 1], centre[int(p["tile_b"]) - 1]
+        if p["accepted"] == "1":
+            draw.line([a, b], fill=ncc_colour(float(p["ncc"])), width=3)
+        else:
+            draw.line([a, b], fill=(150, 0, 0), width=1)
+    for cx, cy in centre:
+        draw.ellipse([cx - 2, cy - 2, cx + 2, cy + 2], fill=(255, 255, 255))
+    return np.asarray(img)
+
+
+def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str, stitched: str,
+              png: str, shading_png: str, out_json: str) -> dict:
+    """Mosaic with its tile graph; flat- and darkfield per channel and z (colour-mapped, ranges in
+    the metrics); seam scores and the verdict."""
+    planes = json.loads(Path(planes_json).read_text())
+    pairs = _pairs(pairs_csv)
+    stack = StackReader(stitched)
+    mid = stack.shape[0] // 2
+    plane = stack[mid]
+    _save_png(png, tile_graph_picture(plane, planes["footprints"], pairs))
+    flats, darks, shading = [], [], {}
+    for path in profiles:
+        prof = read_tiff(path)                                   # Z, 2 (flat, dark), Y, X
+        name = Path(path).name.split(".")[0]
+        shading[name] = {"flat_range": [float(prof[:, 0].min()), float(prof[:, 0].max())],
+                         "dark_range": [float(prof[:, 1].min()), float(prof[:, 1].max())]}
+        flats.append(prof[:, 0])
+        darks.append(prof[:, 1])
+    flat_lo = min(v["flat_range"][0] for v in shading.values())
+    flat_hi = max(v["flat_range"][1] for v in shading.values())
+    dark_lo = min(v["dark_range"][0] for v in shading.values())
+    dark_hi = max(v["dark_range"][1] for v in shading.values())
+    rows = [[colormap(_stretch(_thumb(f[z], 96), (flat_lo, flat_hi))) for z in range(f.shape[0])] for f in flats]
+    rows += [[colormap(_stretch(_thumb(d[z], 96), (dark_lo, dark_hi + 1e-6))) for z in range(d.shape[0])]
+             for d in darks]
+    _save_png(shading_png, _grid(rows))
+
+    accepted = [p for p in pairs if p["accepted"] == "1"]
+    ncc = [float(p["ncc"]) for p in accepted]
+    problems = []
+    if pairs and len(accepted) < MIN_ACCEPTED_FRACTION * len(pairs):
+        problems.append(("warn", f"{len(accepted)} of {len(pairs)} pairs matched: the other tiles are placed by "
+                                 "the stage model (expected on bare slide, not in tissue)"))
+    if ncc and min(ncc) < MIN_SEAM_NCC:
+        worst = min(accepted, key=lambda p: float(p["ncc"]))
+        problems.append(("warn", f"seam {worst['tile_a']}-{worst['tile_b']} matches with NCC {float(worst['ncc']):.2f}"))
+    if flat_lo < FLAT_RANGE[0] or flat_hi > FLAT_RANGE[1]:
+        problems.append(("warn", f"flatfield {flat_lo:.2f}..{flat_hi:.2f} of its mean: strong vignetting or a fit "
+                                 "gone wrong (look at the shading picture)"))
+    uncertain = sorted(k for k, v in planes.get("shading", {}).items() if v.get("offset_uncertain"))
+    if uncertain:
+        problems.append(("warn", f"camera offset uncertain on {len(uncertain)} channel/z planes (dense stain: the "
+                                 "offset cannot be told from specimen light)"))
+    saturated = {k: v for k, v in planes.get("saturated_after_correction", {}).items() if v}
+    if saturated:
+        problems.append(("warn", f"pixels saturated by the correction in channel(s) {', '.join(saturated)}"))
+    metrics = {"cycle": cycle, "pairs": len(pairs), "pairs_accepted": len(accepted),
                "seam_ncc_min": min(ncc) if ncc else None, "seam_ncc_median": float(np.median(ncc)) if ncc else None,
-               "pair_table": pairs, "profiles": flat_stats}
+               "flat_colour_range": [flat_lo, flat_hi], "dark_colour_range": [dark_lo, dark_hi],
+               "shading": shading, "histogram": histogram(plane), "histogram_of": f"{Path(stitched).name} z{mid + 1}",
+               **_verdict(problems)}
     write_text_atomic(out_json, json.dumps(metrics, indent=1))
     return metrics
+
+
+# ----------------------------------------------------------------------------- deconvolve
+def _total(r: StackReader) -> float:
+    return sum(float(r[k].sum(dtype=np.float64)) for k in range(r.shape[0]))
+
+
+def _gradient(a: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.diff(a, axis=-1))) / max(float(np.mean(a)), 1e-12))
 
 
 def qc_decon(cycle: str, stitched: list[str], deconvolved: list[str], png: str, out_json: str) -> dict:
-    """Flux ratio and sharpness gain per channel; middle plane before/after."""
-    rows, per_channel = [], {}
+    """Flux ratio and sharpness gain per channel; the middle plane before | after, same contrast."""
+    rows, per_channel, problems, hist = [], {}, [], None
     for s_path, d_path in zip(stitched, deconvolved):
         s, d = StackReader(s_path), StackReader(d_path)          # plane by plane: stacks can exceed memory
-        total = lambda r: sum(float(r[k].sum(dtype=np.float64)) for k in range(r.shape[0]))
         z = s.shape[0] // 2
         sz, dz = s[z].astype(np.float32), d[z]
         name = Path(d_path).name.split(".")[0]
-        grad = lambda a: float(np.mean(np.abs(np.diff(a, axis=-1))) / max(float(np.mean(a)), 1e-12))
-        per_channel[name] = {"flux_ratio": total(d) / max(total(s), 1e-12),
-                             "sharpness_gain": grad(dz) / max(grad(sz), 1e-12)}
+        ratio = _total(d) / max(_total(s), 1e-12)
+        per_channel[name] = {"flux_ratio": ratio, "sharpness_gain": _gradient(dz) / max(_gradient(sz), 1e-12)}
+        if abs(ratio - 1) > FLUX_FAIL:
+            problems.append(("fail", f"{name}: flux ratio {ratio:.3f} (RL keeps flux: PSF or boundary problem)"))
+        elif abs(ratio - 1) > FLUX_WARN:
+            problems.append(("warn", f"{name}: flux ratio {ratio:.3f}"))
         lo, hi = float(np.percentile(sz, 0.5)), float(np.percentile(sz, 99.5))
-        rows.append([(np.clip((_thumb(sz) - lo) / max(hi - lo, 1e-12), 0, 1)),
-                     (np.clip((_thumb(dz) - lo) / max(hi - lo, 1e-12), 0, 1))])
-    to_png(png, _montage(rows), (0, 1))
-    metrics = {"cycle": cycle, "channels": per_channel}
+        rows.append([_gray_rgb(_stretch(_thumb(sz), (lo, hi))), _gray_rgb(_stretch(_thumb(dz), (lo, hi)))])
+        if hist is None:
+            hist = histogram(dz)
+    _save_png(png, _grid(rows))
+    metrics = {"cycle": cycle, "channels": per_channel, "histogram": hist, **_verdict(problems)}
     write_text_atomic(out_json, json.dumps(metrics, indent=1))
     return metrics
 
 
-def qc_edf(cycle: str, edf_paths: list[str], focus_paths: list[str], png: str, out_json: str) -> dict:
-    """EDF image and its focus-index map per channel."""
-    rows, per_channel = [], {}
+# ----------------------------------------------------------------------------- edf
+def qc_edf(cycle: str, edf_paths: list[str], focus_paths: list[str], planes_json: str, png: str,
+           out_json: str) -> dict:
+    """Per channel the EDF and its focus map (viridis over the stack's planes); planes the quality
+    gate left out (the same gate the EDF job applied) and focus found at the stack's end."""
+    recorded = json.loads(Path(planes_json).read_text())["recorded"]
+    rows, per_channel, problems, hist = [], {}, [], None
     for e_path, f_path in zip(edf_paths, focus_paths):
         e, f = read_tiff(e_path), read_tiff(f_path)
         name = Path(e_path).name.split(".")[0]
-        per_channel[name] = {"focus_index_min": float(f.min()), "focus_index_max": float(f.max()),
-                             "focus_index_median": float(np.median(f))}
-        lo, hi = float(np.percentile(e, 0.5)), float(np.percentile(e, 99.5))
-        fr = max(float(f.max() - f.min()), 1e-6)
-        rows.append([np.clip((_thumb(e) - lo) / max(hi - lo, 1e-12), 0, 1), (_thumb(f) - f.min()) / fr])
-    to_png(png, _montage(rows), (0, 1))
-    metrics = {"cycle": cycle, "channels": per_channel}
+        ch = name[2:]
+        stats = [recorded[ch][z] for z in sorted(recorded[ch], key=int)]
+        nz = len(stats)
+        kept, bad = edf.quality_gate(stats)
+        at_end = float(((f <= 0.5) | (f >= nz - 1.5)).mean()) if nz > 2 else 0.0
+        per_channel[name] = {"planes": nz, "planes_kept": len(kept), "tiles_left_out": sum(len(b) for b in bad),
+                             "focus_at_stack_end": at_end, "focus_index_median": float(np.median(f))}
+        if len(kept) < nz:
+            problems.append(("warn", f"{name}: {nz - len(kept)} of {nz} planes left out (dropped frames or saturation)"))
+        if any(bad):
+            problems.append(("warn", f"{name}: {sum(len(b) for b in bad)} tile-planes left out where they lie"))
+        if at_end > FOCUS_AT_END_FRACTION:
+            problems.append(("warn", f"{name}: in focus at the stack's first or last plane over {at_end:.0%} of the "
+                                     "image: the specimen may reach beyond the z range"))
+        rows.append([_gray_rgb(_stretch(_thumb(e))), colormap(_stretch(_thumb(f), (0, max(nz - 1, 1))))])
+        if hist is None:
+            hist = histogram(e)
+    _save_png(png, _grid(rows))
+    metrics = {"cycle": cycle, "channels": per_channel, "histogram": hist, **_verdict(problems)}
     write_text_atomic(out_json, json.dumps(metrics, indent=1))
     return metrics
 
 
-def qc_registration(shifts_csv: str, registered_ref: list[str], png: str, out_json: str) -> dict:
-    """Shift per cycle; overlay of the reference channel of the first and last cycle."""
+# ----------------------------------------------------------------------------- registration
+def _ncc(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    a, b = a - a.mean(), b - b.mean()
+    den = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum()) / den if den > 0 else 0.0
+
+
+def qc_registration(shifts_csv: str, registered_ref: list[str], cycles: list[str], overlays: list[str],
+                    out_json: str) -> dict:
+    """Per cycle: the two-colour overlay of its reference channel (green) on the reference cycle's
+    (magenta; white where they agree) after registration, and their NCC."""
     with open(shifts_csv) as fh:
         shifts = list(csv.DictReader(fh))
-    a, b = read_tiff(registered_ref[0]), read_tiff(registered_ref[-1])
-    norm = lambda x: np.clip((x - np.percentile(x, 0.5)) / max(np.percentile(x, 99.5) - np.percentile(x, 0.5), 1e-12), 0, 1)
-    rgb = np.stack([norm(_thumb(a, 512)), norm(_thumb(b, 512)), np.zeros_like(_thumb(a, 512))], axis=-1)
-    to_png(png, rgb, (0, 1))
-    metrics = {"shifts": shifts, "overlay": "red = first cycle, green = last cycle (yellow where they agree)"}
+    ref_cycle = next(s["cycle"] for s in shifts if s["score"] == "reference")
+    images = dict(zip(cycles, registered_ref))
+    ref = _thumb(read_tiff(images[ref_cycle]), THUMB_PX)
+    ref01 = _stretch(ref)
+    problems, per_cycle = [], {}
+    for cycle, png in zip(cycles, overlays):
+        img = _thumb(read_tiff(images[cycle]), THUMB_PX)
+        per_cycle[cycle] = {"ncc_to_reference": _ncc(img, ref)}
+        if per_cycle[cycle]["ncc_to_reference"] < MIN_REGISTERED_NCC and cycle != ref_cycle:
+            problems.append(("warn", f"{cycle}: reference channel resembles the reference cycle with NCC "
+                                     f"{per_cycle[cycle]['ncc_to_reference']:.2f} after registration"))
+        g = _stretch(img)
+        rgb = np.stack([ref01, g, ref01], axis=-1)
+        _save_png(png, (np.nan_to_num(rgb) * 255).astype(np.uint8))
+    for s in shifts:
+        s.update(per_cycle.get(s["cycle"], {}))
+    metrics = {"shifts": shifts, "reference_cycle": ref_cycle,
+               "overlay": "magenta = reference cycle, green = this cycle, white where they agree",
+               **_verdict(problems)}
     write_text_atomic(out_json, json.dumps(metrics, indent=1))
     return metrics
-
-
-def _table(rows: list[dict], keys: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(k, '')))}</td>" for k in keys) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _shift_svg(shifts: list[dict]) -> str:
-    w, bar = 420, 18
-    vals = [(s["cycle"], float(s["dy_px"]), float(s["dx_px"])) for s in shifts]
-    m = max([1.0] + [max(abs(dy), abs(dx)) for _, dy, dx in vals])
-    parts = [f'<svg width="{w}" height="{bar * len(vals) + 10}" xmlns="http://www.w3.org/2000/svg">']
-    for i, (c, dy, dx) in enumerate(vals):
-        y = 5 + i * bar
-        mag = (dy ** 2 + dx ** 2) ** 0.5
-        parts.append(f'<text x="0" y="{y + 12}" font-size="12">{html.escape(c)}</text>')
-        parts.append(f'<rect x="70" y="{y + 2}" width="{300 * mag / (m * 1.5):.1f}" height="12" fill="#4a7"/>')
-        parts.append(f'<text x="{75 + 300 * mag / (m * 1.5):.1f}" y="{y + 12}" font-size="11">{mag:.2f} px</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def write_index(out_html: str, out_json: str, stitch: list[str], decon: list[str], edf_: list[str],
-                reg: str) -> None:
-    """Collect every stage's metrics into qc/metrics.json and qc/index.html (pictures beside it)."""
-    load = lambda p: json.loads(Path(p).read_text())
-    data = {"stitch": [load(p) for p in stitch], "deconvolve": [load(p) for p in decon],
-            "edf": [load(p) for p in edf_], "registration": load(reg)}
-    write_text_atomic(out_json, json.dumps(data, indent=1))
-    rel = lambda p: Path(p).with_suffix(".png").relative_to(Path(out_html).parent).as_posix()
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>plexgpu QC</title><style>"
-             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%;border:1px solid #999}"
-             "</style></head><body><h1>plexgpu QC</h1>"]
-    parts.append("<h2>Stitching: flatfield per z-plane (rows: channels, columns: z) and seam scores</h2>")
-    for p, m in zip(stitch, data["stitch"]):
-        parts.append(f"<h3>{m['cycle']}: {m['pairs_accepted']} of {m['pairs']} pairs accepted, "
-                     f"seam NCC median {m['seam_ncc_median']}</h3><img src='{rel(p)}'>")
-        parts.append(_table(m["pair_table"], ["tile_a", "tile_b", "direction", "dy_px", "dx_px", "significance",
-                                              "ncc", "accepted", "reason"]))
-    parts.append("<h2>Deconvolution: middle plane before | after</h2>")
-    for p, m in zip(decon, data["deconvolve"]):
-        rows = [{"channel": k, **v} for k, v in m["channels"].items()]
-        parts.append(f"<h3>{m['cycle']}</h3>" + _table(rows, ["channel", "flux_ratio", "sharpness_gain"])
-                     + f"<img src='{rel(p)}'>")
-    parts.append("<h2>EDF: image | focus-index map</h2>")
-    for p, m in zip(edf_, data["edf"]):
-        rows = [{"channel": k, **v} for k, v in m["channels"].items()]
-        parts.append(f"<h3>{m['cycle']}</h3>" + _table(rows, ["channel", "focus_index_min", "focus_index_median",
-                                                              "focus_index_max"]) + f"<img src='{rel(p)}'>")
-    r = data["registration"]
-    parts.append("<h2>Registration: shift per cycle</h2>" + _shift_svg(r["shifts"])
-                 + _table(r["shifts"], ["cycle", "dy_px", "dx_px", "score"])
-                 + f"<p>{html.escape(r['overlay'])}</p><img src='{rel(reg)}'>")
-    parts.append("</body></html>")
-    write_text_atomic(out_html, "\n".join(parts))
