@@ -1,6 +1,7 @@
 # plexgpu: raw CODEX cycles -> stitched, deconvolved, EDF, registered images, on GPUs.
 #
-#   snakemake registration --configfile config/config.yaml --profile profiles/slurm
+#   plexgpu plan --configfile config/config.yaml     (prints the exact command for SLURM)
+#   snakemake registration --configfile config/config.yaml --profile profiles/slurm --slurm-jobname-prefix ...
 #   snakemake qc --configfile config/config.yaml          (CPU only, never holds a GPU)
 #
 # Targets go BEFORE --configfile: --configfile takes several values.
@@ -23,3 +24,10 @@ rule all:
 include: "rules/cycle.smk"
 include: "rules/registration.smk"
 include: "rules/qc.smk"
+
+
+onerror:
+    # one summary of what is not done and the next step, instead of "look above for error messages"
+    from plexgpu.rerun import next_steps
+
+    print(next_steps(R, CYCLES, CHANNELS, workflow.configfiles), file=sys.stderr)

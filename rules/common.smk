@@ -55,14 +55,11 @@ def per_channel(pattern):
     return expand(pattern, ch=CHANNELS, allow_missing=True)
 
 
-def raw_tiles(wildcards):
-    spec = CYCLE_SPECS[wildcards.cycle]
-    return [
-        str(p)
-        for ch in CHANNELS
-        for z in range(1, spec.z_planes + 1)
-        for p in spec.tile_paths(ch, z)
-    ]
+def raw_folder(wildcards):
+    """The cycle's raw folder, one input instead of every tile (5,000 paths per job log for a real
+    cycle): the tiles were proven complete when the config was read (resolve_experiment), raw data
+    are never modified, and a tile added or removed changes the folder's mtime, so a rerun follows."""
+    return CYCLE_SPECS[wildcards.cycle].folder
 
 
 def dark_frame(wildcards):
@@ -94,7 +91,7 @@ SHIFTS = f"{R}/{paths.SHIFTS}"
 PLEX = f"{R}/{paths.PLEX}"
 PLEX_DECONVOLVED = f"{R}/{paths.PLEX_DECONVOLVED}"
 MARKERS = f"{R}/{paths.MARKERS}"
-REGISTRATION_OUTPUTS = [SHIFTS, PLEX, PLEX_DECONVOLVED, MARKERS] + expand(
+REGISTRATION_OUTPUTS = [f"{R}/{p}" for p in paths.REGISTRATION_FILES] + expand(
     [REGISTERED, REGISTERED_DECONVOLVED], cycle=CYCLES, ch=CHANNELS
 )
 QC_INDEX = f"{R}/{paths.QC_INDEX}"

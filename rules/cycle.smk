@@ -3,8 +3,8 @@
 
 rule stitch:
     input:
-        raw_tiles,
-        dark_frame,
+        raw=raw_folder,
+        dark=dark_frame,
     output:
         stitched=per_channel(STITCHED),
         profiles=per_channel(PROFILES),

@@ -77,11 +77,14 @@ def slurm_cluster():
     """The real local SLURM cluster (tests/slurm/start_cluster.sh), started on demand.
 
     Skips with a reason where it cannot be started; with PLEXGPU_REQUIRE_SLURM=1 (CI) fails instead.
+    A cluster this session started is stopped when the session ends (tests/slurm/stop_cluster.sh;
+    PLEXGPU_KEEP_SLURM=1 keeps it running); one that was already running is left as it was.
     """
     import shutil
     import subprocess
 
     required = os.environ.get("PLEXGPU_REQUIRE_SLURM") == "1"
+    started_here = False
     if not _cluster_up():
         why = None
         if os.geteuid() != 0:
@@ -93,8 +96,11 @@ def slurm_cluster():
                                  text=True, timeout=600)
             if res.returncode != 0 or not _cluster_up():
                 why = f"tests/slurm/start_cluster.sh failed: {(res.stderr or res.stdout)[-800:]}"
+            started_here = True
         if why:
             if required:
                 pytest.fail(f"SLURM tests are required here (PLEXGPU_REQUIRE_SLURM=1) but: {why}")
             pytest.skip(why)
-    return True
+    yield True
+    if started_here and os.environ.get("PLEXGPU_KEEP_SLURM") != "1":
+        subprocess.run(["bash", str(REPO / "tests/slurm/stop_cluster.sh")], capture_output=True, timeout=300)

@@ -10,21 +10,24 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO
+from plexgpu.rerun import profile_prefix, run_prefix
 from plexgpu.slurm import parse_comment, sacct_jobs
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
             {"name": "maigan", "gpu_slots": 2, "partition": "hpg-b200"}]
 SMALL = {"cpus_per_task": 1, "mem_mb": 400, "runtime": 10}
-TEST_FLAGS = ["--slurm-init-seconds-before-status-checks", "3", "--retries", "0", "--latency-wait", "5"]
+# short status polling only: retries and everything else come from the project's profile, as users get them
+TEST_FLAGS = ["--slurm-init-seconds-before-status-checks", "3", "--latency-wait", "5"]
 
 
-def write_config(tmp: Path, raw: Path, device: str = "cpu", **extra) -> Path:
-    cfg = {"raw_dir": str(raw), "results_dir": str(tmp / "results"), "compute": {"device": device},
+def write_config(tmp: Path, raw: Path, device: str = "cpu", name: str = "config.yaml", results: str = "results",
+                 **extra) -> Path:
+    cfg = {"raw_dir": str(raw), "results_dir": str(tmp / results), "compute": {"device": device},
            "accounts": ACCOUNTS, "deconvolution": {"iterations": 2},
            "resources": {r: dict(SMALL) for r in ("stitch", "deconvolve", "edf", "registration", "qc")}}
     cfg["resources"]["stitch"]["cpus_per_task"] = 2
     cfg.update(extra)
-    path = tmp / "config.yaml"
+    path = tmp / name
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -39,9 +42,17 @@ def profile_with_prefix(tmp: Path, prefix: str) -> Path:
     return prof
 
 
+def run_of(tmp: Path, cfg: Path, profile: Path) -> str:
+    """The run's job-name prefix, as `plexgpu plan` prints it."""
+    results = Path(yaml.safe_load(cfg.read_text())["results_dir"])
+    return run_prefix(profile_prefix(profile), results, tmp)
+
+
 def snakemake_cmd(tmp: Path, cfg: Path, target: str, profile: Path) -> list[str]:
-    """The user's command (targets first), with short status polling for tests."""
+    """The user's command as `plexgpu plan` prints it (targets first, the run's job-name prefix), with
+    short status polling for tests."""
     return [sys.executable, "-m", "snakemake", target, "--configfile", str(cfg), "--profile", str(profile),
+            "--slurm-jobname-prefix", run_of(tmp, cfg, profile),
             "-j", "5", "-s", str(REPO / "Snakefile"), "-d", str(tmp), *TEST_FLAGS]
 
 
@@ -51,8 +62,9 @@ def snakemake_on_slurm(tmp: Path, cfg: Path, target: str, prefix: str, timeout: 
 
 
 def records(prefix: str) -> list[dict]:
-    """sacct allocations of jobs whose name starts with ``prefix``, with rule and cycle parsed."""
-    recs = [r for r in sacct_jobs(start=datetime.now().strftime("%Y-%m-%d")) if r["JobName"].startswith(prefix + "_")]
+    """sacct allocations of jobs whose name starts with ``prefix`` (a test's own profile prefix: its runs'
+    prefixes follow it), with rule and cycle parsed."""
+    recs = [r for r in sacct_jobs(start=datetime.now().strftime("%Y-%m-%d")) if r["JobName"].startswith(prefix)]
     for r in recs:
         r["rule"], r["cycle"] = parse_comment(r["Comment"])
     return recs

@@ -1,7 +1,9 @@
 """Cycle -> GPU account assignment (design §6)."""
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -52,7 +54,11 @@ def test_plan_prints_table_total_and_command(tmp_path, small_synth):
     assert res.returncode == 0, res.stderr
     assert "cyc003" in res.stdout and "clive" in res.stdout and "maigan" in res.stdout
     last = res.stdout.strip().splitlines()[-1]
-    assert last == f"snakemake registration --configfile {cfg} --profile profiles/slurm -j 5"
+    from plexgpu.rerun import run_prefix
+
+    run = run_prefix("plexgpu", Path("results"), Path.cwd())       # results_dir default, relative to here
+    assert last == f"snakemake registration --configfile {cfg} --profile profiles/slurm --slurm-jobname-prefix {run} -j 5"
+    assert re.fullmatch(r"plexgpu-[0-9a-f]{8}", run)
 
 
 def test_plan_zero_slots_fails_naming_key(tmp_path, small_synth):

@@ -266,3 +266,15 @@ def test_nothing_written_when_validate_refuses(tmp_path):
     with pytest.raises(RawDataError):
         resolve_experiment(_config(raw, optics={"pixel_size_um": 0.377, "z_step_um": 1.5, "na": 1.3}))
     assert _listing(tmp_path) == before
+
+
+def test_gpu_slots_auto_without_a_slurm_limit_is_one_line(monkeypatch, small_synth):
+    """gpu_slots: auto where SLURM cannot be asked (or sets no GPU limit): one line naming the key."""
+    from plexgpu import slurm
+    from plexgpu.config import ConfigError, validate_config
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError) as err:
+        validate_config({"raw_dir": str(small_synth[0]), "accounts": [{"name": "clive", "gpu_slots": "auto"}]})
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("config key accounts[0].gpu_slots = auto") and "clive" in msg

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from slurm_helpers import TEST_FLAGS, records, snakemake_cmd, profile_with_prefix, ts, write_config
+from slurm_helpers import TEST_FLAGS, records, run_of, snakemake_cmd, profile_with_prefix, ts, write_config
 from plexgpu.synth import SynthDataset, SynthSpec
-from plexgpu.slurm import squeue_jobs
+from plexgpu import report
+from plexgpu.rerun import run_prefix
+from plexgpu.slurm import gres_gpus, parse_elapsed, squeue_jobs
 
 pytestmark = pytest.mark.slurm
 CYCLES = [f"cyc{c:03d}" for c in range(1, 5)]
@@ -57,7 +59,7 @@ def _plexgpu(*args, cwd=REPO):
 
 
 def _my_jobs(prefix):
-    return [j for j in squeue_jobs() if j["JobName"].startswith(prefix + "_")]
+    return [j for j in squeue_jobs() if j["JobName"].startswith(prefix)]
 
 
 def _start_run(tmp_path, raw, tag):
@@ -127,6 +129,18 @@ def test_scancelled_job_other_cycles_finish_and_rerun_only_that_cycle(slurm_clus
     line = next(l for l in st.stdout.splitlines() if "cyc002" in l and "stitch" in l)
     assert "failed" in line and "CANCELLED" in line
     assert all("done" in l for l in st.stdout.splitlines() if "cyc001" in l)
+    # the user's scancel stayed a cancel: the profile resubmitted nothing of cyc002
+    assert [r["rule"] for r in records(prefix) if r["cycle"] == "cyc002"] == ["stitch"]
+    # every allocation sacct knows is in the report, the cancelled one included; GPU-seconds to the second
+    rep = _plexgpu("report", "--configfile", str(cfg), "-d", str(tmp_path), "--profile", str(profile))
+    assert rep.returncode == 0, rep.stderr
+    allocs = report.collect(tmp_path / "results/accounting/jobs", run=run_of(tmp_path, cfg, profile), workdir=tmp_path)
+    recs = records(prefix)
+    assert sorted(a.job_id for a in allocs) == sorted(r["JobID"] for r in recs)
+    assert sum(a.gpus * a.elapsed_s for a in allocs) == sum(gres_gpus(r["AllocTRES"]) * parse_elapsed(r["Elapsed"])
+                                                           for r in recs)
+    cancelled = next(a for a in allocs if a.job_id == victim["JobID"])
+    assert cancelled.state.startswith("CANCELLED") and cancelled.gpus == 1
     before = {r["JobID"] for r in records(prefix)}
     _rerun(tmp_path, cfg, profile)
     new = [r for r in records(prefix) if r["JobID"] not in before]
@@ -170,8 +184,9 @@ def test_cancel_leaves_other_working_directories_alone(slurm_cluster, tmp_path, 
     mine = tmp_path / "mine"
     mine.mkdir()
     cfg = write_config(mine, small_synth[0])
+    run = run_prefix(prefix, mine / "results", mine)
     sub = lambda d: subprocess.run(["sbatch", "--parsable", "-A", "clive", "-p", "hpg-turin", "-J",
-                                    f"{prefix}_run", "--chdir", str(d), "-o", "/dev/null", "--mem", "100",
+                                    f"{run}_run", "--chdir", str(d), "-o", "/dev/null", "--mem", "100",
                                     "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
     mine_id, other_id = sub(mine), sub(other)
     try:
@@ -182,3 +197,31 @@ def test_cancel_leaves_other_working_directories_alone(slurm_cluster, tmp_path, 
         assert mine_id not in left and other_id in left
     finally:
         subprocess.run(["scancel", mine_id, other_id])
+
+
+def test_two_data_sets_from_one_checkout_cancel_one_the_other_finishes(slurm_cluster, four_cycles, tmp_path):
+    """Data sets A and B run from the same working directory and profile: `plexgpu cancel` for A
+    cancels A's jobs only; B finishes with B's results; `plexgpu rerun` for A is not refused because
+    B's coordinator is alive, and completes A."""
+    raw, reference = four_cycles
+    prefix = f"plexgpu-t{uuid.uuid4().hex[:8]}"
+    profile = profile_with_prefix(tmp_path, prefix)
+    cfg_a = write_config(tmp_path, raw, name="a.yaml", results="results_a")
+    cfg_b = write_config(tmp_path, raw, name="b.yaml", results="results_b")
+    run_a, run_b = run_of(tmp_path, cfg_a, profile), run_of(tmp_path, cfg_b, profile)
+    assert run_a != run_b
+    coords = {k: subprocess.Popen(snakemake_cmd(tmp_path, c, "registration", profile), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for k, c in (("a", cfg_a), ("b", cfg_b))}
+    jobs_of = lambda run: [j for j in squeue_jobs() if j["JobName"].startswith(run + "_")]
+    _wait(lambda: jobs_of(run_a) and jobs_of(run_b), what="both data sets with jobs in squeue")
+    res = _plexgpu("cancel", "--configfile", str(cfg_a), "-d", str(tmp_path), "--profile", str(profile))
+    assert res.returncode == 0, res.stderr
+    assert not jobs_of(run_a)
+    assert coords["a"].wait(timeout=600) != 0            # A's coordinator sees its jobs cancelled
+    assert coords["b"].poll() is None or coords["b"].returncode == 0
+    res = _plexgpu("rerun", "registration", "--configfile", str(cfg_a), "-d", str(tmp_path), "--profile",
+                   str(profile), "--", *TEST_FLAGS)
+    assert res.returncode == 0 and "refused" not in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
+    assert coords["b"].wait(timeout=600) == 0
+    for results in ("results_a", "results_b"):
+        assert _digests(tmp_path / results) == _digests(reference), results

@@ -6,6 +6,7 @@ The fake GPUs are character devices: jobs hold real gres/gpu allocations but com
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -37,7 +38,8 @@ def test_nine_cycles_gpu_only_on_real_slurm(slurm_cluster, nine_cycles):
     plan = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(cfg)],
                           capture_output=True, text=True, cwd=REPO)
     assert plan.returncode == 0, plan.stderr
-    assert plan.stdout.strip().splitlines()[-1].endswith("--profile profiles/slurm -j 5")
+    assert re.search(r"--profile profiles/slurm --slurm-jobname-prefix plexgpu-[0-9a-f]{8} -j 5$",
+                     plan.stdout.strip().splitlines()[-1])
     res = snakemake_on_slurm(tmp, cfg, "registration", prefix)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     recs = records(prefix)
@@ -106,3 +108,41 @@ def test_unknown_account_fails_at_plan_and_dag(slurm_cluster, tmp_path, small_sy
     dry = subprocess.run([sys.executable, "-m", "snakemake", "registration", "--configfile", str(cfg), "-n",
                           "-s", str(REPO / "Snakefile"), "-d", str(tmp_path)], capture_output=True, text=True)
     assert dry.returncode != 0 and "no account nosuch" in dry.stdout + dry.stderr
+
+
+def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, tmp_path):
+    """gpu_slots: auto takes SLURM's limit (association GrpTRES; a QOS MaxTRESPerUser below it wins);
+    plan shows config, limit, in use and free, warns where the config exceeds the limit and where a
+    request does not fit the partition's nodes, and prints -j = free slots."""
+    from plexgpu.config import validate_config
+    from plexgpu.slurm import gpu_limit
+
+    assert gpu_limit("clive") == (3, "association clive GrpTRES")
+    qos = f"plexgpu{uuid.uuid4().hex[:6]}"
+    sh = lambda *a: subprocess.run(["sacctmgr", "-i", *a], capture_output=True, text=True)
+    assert sh("add", "qos", qos, "MaxTRESPerUser=gres/gpu=1").returncode == 0
+    try:
+        assert sh("modify", "user", "where", "name=root", "account=maigan", "set", f"qos+={qos}").returncode == 0
+        assert gpu_limit("maigan") == (1, f"QOS {qos} MaxTRESPerUser")
+        cfg = validate_config({"raw_dir": str(small_synth[0]), "accounts": [
+            {"name": "clive", "gpu_slots": "auto", "partition": "hpg-b200"},
+            {"name": "maigan", "gpu_slots": "auto", "partition": "hpg-b200"}]})
+        assert [a["gpu_slots"] for a in cfg["accounts"]] == [3, 1]
+        path = tmp_path / "c.yaml"
+        import yaml
+
+        path.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": [
+            {"name": "clive", "gpu_slots": 4, "partition": "hpg-b200"},
+            {"name": "maigan", "gpu_slots": "auto", "partition": "hpg-b200"}],
+            "resources": {"deconvolve": {"cpus_per_task": 4, "mem_mb": 64000, "runtime": 60}}}))
+        plan = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(path)],
+                              capture_output=True, text=True, cwd=REPO)
+        assert plan.returncode == 0, plan.stderr
+        out = " ".join(plan.stdout.split())
+        assert "gpu_slots 4 but SLURM lets you hold 3" in out
+        assert "auto → 1" in out
+        assert "resources.deconvolve.mem_mb = 64000 but the largest node of partition hpg-b200 has 16000 MB" in out
+        assert plan.stdout.strip().splitlines()[-1].endswith("-j 4")            # min(4, 3) + 1 free, none in use
+    finally:
+        sh("modify", "user", "where", "name=root", "account=maigan", "set", f"qos-={qos}")
+        sh("delete", "qos", qos)

@@ -217,7 +217,7 @@ def test_wrong_marker_count_stops_naming_key(tmp_path, small_synth):
         plan(tmp_path, _config(tmp_path, small_synth[0], markers=["DAPI", "CD3", "CD20"]))
 
 
-def test_corrupt_tiff_fails_that_cycle_only(tmp_path, small_synth):
+def test_corrupt_tiff_fails_that_cycle_only(tmp_path, small_synth, capsys):
     raw = tmp_path / "raw"
     shutil.copytree(small_synth[0], raw)
     bad = raw / "cyc002_reg001" / tile_filename(1, 3, 1, 2)
@@ -237,6 +237,10 @@ def test_corrupt_tiff_fails_that_cycle_only(tmp_path, small_synth):
         decon = read_tiff(res / f"deconvolved/{c}/CH1.ome.tif")  # 5 RL iterations: flux kept
         assert abs(decon.sum() / stitched.sum() - 1) < 0.01
     assert not (res / "registered/plex.ome.tif").exists()
+    # the run's end names what is not done and the next step, once
+    err = capsys.readouterr().err
+    assert "stage(s) not done:" in err and "cyc002: stitch, deconvolve, edf" in err, err[-2000:]
+    assert f"plexgpu rerun registration --configfile {cfg}" in err and "cyc001:" not in err
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):

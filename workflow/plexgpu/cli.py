@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from . import __version__
 from .io.raw import GRID_ORDERS
@@ -35,8 +36,6 @@ def _pair(value: str, option: str) -> tuple[int, int]:
 
 
 def cmd_synth(args) -> int:
-    from pathlib import Path
-
     from .synth import SynthDataset, SynthSpec
 
     rows, cols = _pair(args.grid, "--grid")
@@ -88,12 +87,16 @@ def cmd_validate(args) -> int:
     console.print(f"tiles {exp.tile_shape} {exp.dtype}, overlap {exp.overlap:.0%}, pixel "
                   f"{exp.pixel_size_um} µm, z-step {exp.z_step_um} µm; compute.device = "
                   f"{config['compute']['device']}; checked in {time.perf_counter() - t0:.1f} s")
+    for w in request_warnings(config):
+        console.print(f"[yellow]warning: {w}[/]")
     return 0
 
 
-def snakemake_command(configfiles: list[str], target: str, jobs: int, profile: str = "profiles/slurm") -> str:
-    """The exact command line: targets first (--configfile takes several values), -j = GPU slots."""
-    return (f"snakemake {target} --configfile {' '.join(configfiles)} --profile {profile} -j {jobs}")
+def snakemake_command(configfiles: list[str], target: str, jobs: int, run: str, profile: str = "profiles/slurm") -> str:
+    """The exact command line: targets first (--configfile takes several values), -j = GPU slots, the
+    run's job-name prefix (so status / cancel / rerun act on this data set only)."""
+    return (f"snakemake {target} --configfile {' '.join(configfiles)} --profile {profile} "
+            f"--slurm-jobname-prefix {run} -j {jobs}")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -131,7 +134,7 @@ def cmd_plan(args) -> int:
                              total_slots)
     from .config import load_config
     from .experiment import resolve_experiment
-    from .slurm import user_accounts
+    from .slurm import gpu_limit, gpus_in_use, user_accounts
 
     config = load_config(args.configfile)
     if args.simulate:
@@ -149,22 +152,81 @@ def cmd_plan(args) -> int:
         table.add_row(key, slot.account, slot.partition or "(default)", "stitch -> deconvolve -> edf")
     table.add_row("all", reg.account, reg.partition or "(default)", "registration")
     console.print(table)
-    slots = Table(title="GPU slots per account")
-    for col in ("account", "gpu_slots", "cycles"):
+    slots = Table(title="GPU slots per account (config, SLURM's limit for you, held now by your running jobs)")
+    for col in ("account", "gpu_slots", "SLURM limit", "in use", "free", "cycles"):
         slots.add_column(col)
+    in_use = gpus_in_use()
+    free_total, warnings = 0, []
     for a in accounts:
         n = sum(1 for s in assignment.values() if s.account == a["name"])
-        slots.add_row(a["name"], str(a["gpu_slots"]), str(n))
+        limit, source = gpu_limit(a["name"])
+        used = in_use.get(a["name"], 0)
+        cap = a["gpu_slots"] if limit is None else min(a["gpu_slots"], limit)
+        free = max(cap - used, 0)
+        free_total += free
+        if limit is not None and a["gpu_slots"] > limit:
+            warnings.append(f"account {a['name']}: gpu_slots {a['gpu_slots']} but SLURM lets you hold {limit} "
+                            f"({source}): jobs beyond it pend (AssocGrpGRES/QOSGrpGRES); set gpu_slots: auto or {limit}")
+        said = f"auto → {a['gpu_slots']}" if a.get("gpu_slots_from") else str(a["gpu_slots"])
+        slots.add_row(a["name"], said, "none found" if limit is None else f"{limit} ({source})", str(used),
+                      str(free), str(n))
     total = total_slots(accounts)
-    slots.add_row("total", str(total), str(len(assignment)))
+    slots.add_row("total", str(total), "", str(sum(in_use.get(a["name"], 0) for a in accounts)), str(free_total),
+                  str(len(assignment)))
     console.print(slots)
+    warnings += request_warnings(config)
+    for w in warnings:
+        console.print(f"[yellow]warning: {w}[/]")
     waves = -(-len(assignment) // total)
     console.print(f"{len(assignment)} cycles on {total} GPU slots: {waves} wave(s); overflow cycles wait in "
                   "SLURM for a GPU of their account (no CPU fallback).")
+    jobs = free_total
+    if free_total == 0:
+        jobs = total
+        console.print("[yellow]no GPU slot is free now (your running jobs hold them): the run's jobs will queue; "
+                      f"-j {total} (the configured slots)[/]")
     if config["compute"]["device"] != "gpu":
         console.print("[yellow]compute.device = cpu: jobs hold GPUs but compute on the CPU (testing only)[/]")
-    print(snakemake_command(args.configfile, args.target, total))
+    from .config import REPO_ROOT
+    from .rerun import profile_prefix, run_prefix
+
+    run = run_prefix(profile_prefix(REPO_ROOT / "profiles" / "slurm"), exp.results_dir, Path.cwd())
+    print(snakemake_command(args.configfile, args.target, jobs, run))
     return 0
+
+
+GPU_RULES = ("stitch", "deconvolve", "edf", "registration")
+
+
+def request_warnings(config: dict) -> list[str]:
+    """What sbatch would refuse or leave pending for ever, said before any job: each GPU rule's
+    cpus_per_task, mem_mb and runtime against the largest node of each account's partition (sinfo),
+    one GPU per job; and compute.device = gpu where CuPy does not import here."""
+    import importlib.util
+
+    from .slurm import partition_limits
+
+    out = []
+    for a in config["accounts"]:
+        part = a.get("partition")
+        lim = partition_limits(part) if part else None
+        if lim is None:
+            continue
+        for rule in GPU_RULES:
+            r = config["resources"][rule]
+            for key, have, unit in (("cpus_per_task", lim["cpus"], ""), ("mem_mb", lim["mem_mb"], " MB")):
+                if r[key] > have:
+                    out.append(f"resources.{rule}.{key} = {r[key]} but the largest node of partition {part} has "
+                               f"{have}{unit}: sbatch refuses the job")
+            if lim["time_min"] is not None and r["runtime"] > lim["time_min"]:
+                out.append(f"resources.{rule}.runtime = {r['runtime']} min exceeds partition {part}'s time limit "
+                           f"({lim['time_min']:.0f} min)")
+        if lim["gpus"] < 1:
+            out.append(f"partition {part} (account {a['name']}) has no node with a GPU: every image job asks for one")
+    if config["compute"]["device"] == "gpu" and importlib.util.find_spec("cupy") is None:
+        out.append("compute.device = gpu but CuPy does not import here: the GPU jobs import it where they run; "
+                   "install plexgpu[gpu] (cupy-cuda12x) in the environment the jobs use")
+    return out
 
 
 def cmd_verify_gpu(args) -> int:
@@ -182,11 +244,12 @@ def cmd_verify_gpu(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .config import load_config
     from .report import usage_statements, write_report
+    from .rerun import profile_prefix, run_prefix
 
-    config = load_config(args.configfile)
-    md, page, allocs = write_report(config["results_dir"], use_sacct=not args.no_sacct)
+    config, exp, workdir, profile = _run_context(args)
+    run = run_prefix(profile_prefix(profile), exp.results_dir, workdir)
+    md, page, allocs = write_report(config["results_dir"], use_sacct=not args.no_sacct, run=run, workdir=workdir)
     if not allocs:
         print(f"plexgpu report: no accounting records under {config['results_dir']}/accounting/jobs yet")
         return 1
@@ -197,8 +260,6 @@ def cmd_report(args) -> int:
 
 
 def _run_context(args):
-    from pathlib import Path
-
     from .config import load_config
     from .experiment import resolve_experiment
 
@@ -211,11 +272,12 @@ def _run_context(args):
 def cmd_status(args) -> int:
     from rich.table import Table
 
-    from .rerun import profile_prefix, status
+    from .rerun import profile_prefix, run_prefix, status
 
     config, exp, workdir, profile = _run_context(args)
-    states = status(exp.results_dir, workdir, exp.cycle_keys, exp.channels, profile_prefix(profile))
-    table = Table(title=f"plexgpu status: {workdir}")
+    run = run_prefix(profile_prefix(profile), exp.results_dir, workdir)
+    states = status(exp.results_dir, workdir, exp.cycle_keys, exp.channels, run)
+    table = Table(title=f"plexgpu status: {exp.results_dir} (jobs {run}_*)")
     for col in ("cycle", "stage", "state", "detail"):
         table.add_column(col)
     colour = {"done": "green", "running": "cyan", "failed": "red", "incomplete": "yellow"}
@@ -227,15 +289,21 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from .rerun import cancel, profile_prefix
+    from .rerun import cancel, profile_prefix, run_prefix, unattributed_jobs
     from .slurm import parse_comment
 
-    _, _, workdir, profile = _run_context(args)
-    jobs = cancel(profile_prefix(profile), workdir)
+    _, exp, workdir, profile = _run_context(args)
+    prefix = profile_prefix(profile)
+    jobs = cancel(run_prefix(prefix, exp.results_dir, workdir), workdir)
     for j in jobs:
         rule, wc = parse_comment(j["Comment"])
         print(f"cancelled job {j['JobID']} ({rule} {wc}, account {j['Account']}, was {j['State']})")
-    print(f"{len(jobs)} job(s) of this workflow cancelled; none left in squeue")
+    print(f"{len(jobs)} job(s) of this data set ({exp.results_dir}) cancelled; none left in squeue")
+    loose = unattributed_jobs(prefix, workdir)
+    if loose:
+        print(f"not touched: job(s) {', '.join(j['JobID'] for j in loose)}, started from {workdir} without a run "
+              f"prefix: plexgpu cannot tell which data set they belong to (scancel them yourself if they are this "
+              "one's)")
     return 0
 
 
@@ -292,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_report)
 
     from .config import REPO_ROOT
+
+    r.add_argument("--directory", "-d", default=".", help="the workflow's working directory")
+    r.add_argument("--profile", default=str(REPO_ROOT / "profiles" / "slurm"))
 
     for name, helptext, func in (
             ("status", "per cycle and stage: done / running / failed (sacct state) / not started", cmd_status),

@@ -79,7 +79,23 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     if twice:
         raise ConfigError(f"config key accounts: {', '.join(twice)} listed more than once; give each account once "
                           "with all its gpu_slots")
+    _resolve_auto_slots(config.get("accounts", []))
     return config
+
+
+def _resolve_auto_slots(accounts: list[dict]) -> None:
+    """gpu_slots: auto -> SLURM's GPU limit for this user on that account (its origin in ``gpu_slots_from``)."""
+    from .slurm import gpu_limit
+
+    for i, a in enumerate(accounts):
+        if a["gpu_slots"] != "auto":
+            continue
+        limit, source = gpu_limit(a["name"])
+        if limit is None:
+            raise ConfigError(f"config key accounts[{i}].gpu_slots = auto: SLURM sets no gres/gpu limit for account "
+                              f"{a['name']} that sacctmgr shows (association or QOS GrpTRES / MaxTRESPerUser), or "
+                              "SLURM cannot be asked here; give the number of GPUs the account may hold")
+        a.update(gpu_slots=limit, gpu_slots_from=source)
 
 
 def _describe(error) -> str:

@@ -79,9 +79,19 @@ def job_context(rule: str, log_path: str | None, resources, device: str, account
     """Set up logging, the GPU guard (device gpu), the worker pool and, for GPU-stage jobs
     (``accounting_dir`` given), the accounting record, written also when the job fails."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    stderr = sys.stderr
     if log_path:
         handlers = [logging.FileHandler(log_path, mode="a")]
         sys.stderr = open(log_path, "a", buffering=1)  # progress bars and tracebacks land in the log too
+    try:
+        yield from _job(rule, resources, device, accounting_dir, cycle, handlers)
+    finally:
+        if sys.stderr is not stderr:                   # back to the caller's stderr (tests run many jobs)
+            sys.stderr.close()
+            sys.stderr = stderr
+
+
+def _job(rule, resources, device, accounting_dir, cycle, handlers):
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(message)s")
     workers = workers_from_resources(resources)

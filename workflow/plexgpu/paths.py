@@ -23,6 +23,9 @@ MARKERS = "registered/markers.csv"                          # MCMICRO: channel_n
 ACCOUNTING = "accounting/jobs"
 QC_INDEX = "qc/index.html"
 
+#: the files that prove registration (over all cycles) is done
+REGISTRATION_FILES = (SHIFTS, PLEX, PLEX_DECONVOLVED, MARKERS)
+
 #: per-cycle GPU stages and the files that prove each is done
 STAGE_OUTPUTS = {
     "stitch": (STITCHED, PROFILES, POSITIONS, PAIRS, PLANES),

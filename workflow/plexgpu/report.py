@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import html
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from .accounting import load_records
 from .io.tiff import write_text_atomic
-from .slurm import gres_gpus, parse_elapsed, sacct_by_ids
+from .slurm import gres_gpus, parse_comment, parse_elapsed, parse_rss, sacct_by_ids, sacct_jobs
 
 UTIL_LOW_PCT = 50
 MEM_LOW_PCT = 40
@@ -63,7 +64,40 @@ def _device(record: dict) -> tuple[str, str, bool, str]:
     return f"{model} (whole device)", short, True, "GPU-hours"
 
 
-def collect(accounting_dir: str | Path, use_sacct: bool = True) -> list[Allocation]:
+NO_RECORD = "no job record (cancelled or killed before its job could write one)"
+
+
+def _epoch(text: str) -> float:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def unrecorded(known_ids: set[str], run: str, workdir: Path) -> list[Allocation]:
+    """The run's allocations that sacct knows and no job record names: a job cancelled or killed
+    before it wrote its record still held its GPU, and is counted (marked as such)."""
+    from .rerun import belongs
+
+    out = []
+    for r in sacct_jobs(start="now-30days"):
+        if r["JobID"] in known_ids or not belongs(r, run, workdir):
+            continue
+        rule, cycle = parse_comment(r["Comment"])
+        limit = parse_elapsed(r["Timelimit"]) if r["Timelimit"] not in ("", "UNLIMITED", "Partition_Limit") else None
+        out.append(Allocation(
+            rule=rule, cycle=cycle, job_id=r["JobID"], account=r["Account"], partition=r["Partition"],
+            gpus=gres_gpus(r["AllocTRES"]), elapsed_s=parse_elapsed(r["Elapsed"]), time_limit_s=limit,
+            state=r["State"].split()[0], source="sacct", device_group=NO_RECORD, device_short="unknown",
+            device_used=False, unit="allocated-GPU-hours", util_mean=None, mem_peak_pct=None, cpu_eff=None,
+            cpus=None, start=_epoch(r["Start"]), end=_epoch(r["End"]), max_rss=parse_rss(r["MaxRSS"])))
+    return out
+
+
+def collect(accounting_dir: str | Path, use_sacct: bool = True, run: str | None = None,
+            workdir: Path | None = None) -> list[Allocation]:
+    """Every allocation: the jobs' own records joined with sacct, and (with ``run``, the run's job-name
+    prefix) the run's allocations sacct knows that have no record."""
     records = load_records(accounting_dir)
     facts = sacct_by_ids([r["slurm"]["job_id"] for r in records]) if use_sacct else {}
     out = []
@@ -89,6 +123,8 @@ def collect(accounting_dir: str | Path, use_sacct: bool = True) -> list[Allocati
             device_short=short, device_used=used, unit=unit, util_mean=samples.get("gpu_util_mean_pct"),
             mem_peak_pct=samples.get("gpu_mem_peak_pct"), cpu_eff=r.get("cpu_efficiency_pct"),
             cpus=(r.get("requested") or {}).get("cpus_per_task"), start=r["start"], end=r["end"], max_rss=rss))
+    if use_sacct and run:
+        out += unrecorded({r["slurm"]["job_id"] for r in records}, run, Path(workdir or Path.cwd()))
     return out
 
 
@@ -116,7 +152,12 @@ def usage_statements(allocs: list[Allocation]) -> list[dict]:
         gpus = sorted({a.gpus for a in items})
         each = f"{gpus[0]} GPU" if len(gpus) == 1 else f"{gpus[0]}-{gpus[-1]} GPUs"
         first = items[0]
-        if not first.device_used and gpu_seconds == 0:
+        if group == NO_RECORD:
+            states = ", ".join(f"{k} {v}" for k, v in sorted(Counter(a.state for a in items).items()))
+            text = (f"{n} allocations of this run that sacct knows have no job record ({states}): they held "
+                    f"{each} each for {_hours(total_elapsed)} elapsed in total, {gpu_seconds / 3600:.3f} "
+                    f"allocated-GPU-hours of a device no record names, calculated as {arithmetic}")
+        elif not first.device_used and gpu_seconds == 0:
             text = (f"{n} jobs held no GPU (no SLURM GPU allocation) for {_hours(total_elapsed)} elapsed in "
                     f"total: 0 GPU-hours, calculated as {arithmetic}")
         elif not first.device_used:
@@ -283,9 +324,10 @@ def _bars_svg(allocs: list[Allocation]) -> str:
             f'GPU memory peak % (orange)</text></svg>')
 
 
-def write_report(results_dir: str | Path, use_sacct: bool = True) -> tuple[Path, Path, list[Allocation]]:
+def write_report(results_dir: str | Path, use_sacct: bool = True, run: str | None = None,
+                 workdir: Path | None = None) -> tuple[Path, Path, list[Allocation]]:
     results_dir = Path(results_dir)
-    allocs = collect(results_dir / "accounting" / "jobs", use_sacct=use_sacct)
+    allocs = collect(results_dir / "accounting" / "jobs", use_sacct=use_sacct, run=run, workdir=workdir)
     md = markdown(allocs)
     md_path = results_dir / "report" / "gpu_usage.md"
     html_path = results_dir / "report" / "gpu_usage.html"

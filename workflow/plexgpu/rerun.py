@@ -1,14 +1,21 @@
 """After scancel, a killed coordinator or a crash: see where a run stands, cancel its stale
 jobs, and rerun exactly what is unfinished, with nothing stale racing the new run.
 
-A workflow's jobs are recognised by BOTH the job-name prefix of the profile and the
-working directory of the run (never another run's or another user's jobs).
+A run is one data set: its jobs are named ``<profile prefix>-<8 hex of its results folder>_<uuid>``
+(``run_prefix``; `plexgpu plan` prints the snakemake command with that ``--slurm-jobname-prefix``,
+`plexgpu rerun` passes it) and run in its working directory. status, cancel, rerun and the
+live-coordinator check act on that run only: two data sets processed from one checkout never
+touch each other's jobs. Jobs named with the bare profile prefix (a run started without the
+run's prefix) cannot be told apart: they are reported, never cancelled, and rerun refuses to
+start beside them (they could race the new jobs).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -30,22 +37,42 @@ def profile_prefix(profile: str | Path) -> str:
     return str((data or {}).get("slurm-jobname-prefix") or "")
 
 
-def belongs(job: dict, prefix: str, workdir: Path) -> bool:
-    name = job.get("JobName", "")
-    same_dir = os.path.realpath(job.get("WorkDir", "")) == os.path.realpath(workdir)
-    return same_dir and (name.startswith(prefix + "_") if prefix else True)
+def run_prefix(prefix: str, results_dir: Path, workdir: Path) -> str:
+    """The job-name prefix of the run whose results go to ``results_dir`` (relative: to ``workdir``)."""
+    folder = results_dir if Path(results_dir).is_absolute() else Path(workdir) / results_dir
+    tag = hashlib.sha1(os.path.realpath(folder).encode()).hexdigest()[:8]
+    return f"{prefix or 'plexgpu'}-{tag}"
 
 
-def workflow_jobs(prefix: str, workdir: Path) -> list[dict]:
-    return [j for j in slurm.squeue_jobs() if belongs(j, prefix, workdir)]
+def _same_dir(job: dict, workdir: Path) -> bool:
+    return os.path.realpath(job.get("WorkDir", "")) == os.path.realpath(workdir)
 
 
-def cancel(prefix: str, workdir: Path, timeout: float = 120) -> list[dict]:
-    """scancel this workflow's jobs and wait until squeue shows none of them."""
-    jobs = workflow_jobs(prefix, workdir)
+def belongs(job: dict, run: str, workdir: Path) -> bool:
+    """A job of run ``run`` (a ``run_prefix``) in ``workdir``."""
+    return _same_dir(job, workdir) and job.get("JobName", "").startswith(run + "_")
+
+
+def unattributed(job: dict, prefix: str, workdir: Path) -> bool:
+    """A job in ``workdir`` named with the bare profile prefix: of some run started without its run prefix."""
+    return _same_dir(job, workdir) and re.fullmatch(re.escape(prefix or "plexgpu") + r"_[0-9a-f-]{36}",
+                                                     job.get("JobName", "")) is not None
+
+
+def workflow_jobs(run: str, workdir: Path) -> list[dict]:
+    return [j for j in slurm.squeue_jobs() if belongs(j, run, workdir)]
+
+
+def unattributed_jobs(prefix: str, workdir: Path) -> list[dict]:
+    return [j for j in slurm.squeue_jobs() if unattributed(j, prefix, workdir)]
+
+
+def cancel(run: str, workdir: Path, timeout: float = 120) -> list[dict]:
+    """scancel the jobs of run ``run`` (a ``run_prefix``) and wait until squeue shows none of them."""
+    jobs = workflow_jobs(run, workdir)
     slurm.scancel([j["JobID"] for j in jobs])
     deadline = time.time() + timeout
-    while workflow_jobs(prefix, workdir):
+    while workflow_jobs(run, workdir):
         if time.time() > deadline:
             raise RuntimeError(f"jobs of this workflow still in squeue after {timeout:.0f} s")
         time.sleep(1)
@@ -74,42 +101,58 @@ class StageState:
     detail: str = ""
 
 
-def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[int], prefix: str) -> list[StageState]:
+def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[int], run: str) -> list[StageState]:
+    """Per cycle and stage, then registration (cycle "all"): where run ``run`` stands."""
     results_dir = results_dir if results_dir.is_absolute() else workdir / results_dir
     running = {}
     history: dict[tuple[str, str], dict] = {}
     if slurm.available():
-        for j in workflow_jobs(prefix, workdir):
+        for j in workflow_jobs(run, workdir):
             running[slurm.parse_comment(j["Comment"])] = j
         for r in slurm.sacct_jobs(start="now-7days"):
-            if belongs(r, prefix, workdir):
+            if belongs(r, run, workdir):
                 key = slurm.parse_comment(r["Comment"])
                 if key not in history or int(r["JobID"]) > int(history[key]["JobID"]):
                     history[key] = r
     incomplete = incomplete_outputs(workdir)
     out = []
-    for cycle in cycles:
-        for stage in STAGES:
-            files = paths.stage_files(results_dir, stage, cycle, channels)
-            key = (stage, cycle)
-            if key in running:
-                j = running[key]
-                out.append(StageState(cycle, stage, "running", f"job {j['JobID']}, account {j['Account']}, {j['State']}"))
-            elif any(os.path.realpath(f) in incomplete for f in files):
-                out.append(StageState(cycle, stage, "incomplete", "started, never finished (partial outputs)"))
-            elif all(f.exists() for f in files):
-                out.append(StageState(cycle, stage, "done"))
-            elif key in history and history[key]["State"].split()[0] in slurm.FAILED_STATES:
-                h = history[key]
-                out.append(StageState(cycle, stage, "failed", f"{h['State'].split()[0]} (job {h['JobID']}, "
-                                                               f"account {h['Account']})"))
-            else:
-                out.append(StageState(cycle, stage, "not started"))
+    items = [(cycle, stage, (stage, cycle), paths.stage_files(results_dir, stage, cycle, channels))
+             for cycle in cycles for stage in STAGES]
+    items.append(("all", "registration", ("registration", ""),
+                  [results_dir / p for p in paths.REGISTRATION_FILES]))
+    for cycle, stage, key, files in items:
+        if key in running:
+            j = running[key]
+            out.append(StageState(cycle, stage, "running", f"job {j['JobID']}, account {j['Account']}, {j['State']}"))
+        elif any(os.path.realpath(f) in incomplete for f in files):
+            out.append(StageState(cycle, stage, "incomplete", "started, never finished (partial outputs)"))
+        elif all(f.exists() for f in files):
+            out.append(StageState(cycle, stage, "done"))
+        elif key in history and history[key]["State"].split()[0] in slurm.FAILED_STATES:
+            h = history[key]
+            out.append(StageState(cycle, stage, "failed", f"{h['State'].split()[0]} (job {h['JobID']}, "
+                                                           f"account {h['Account']})"))
+        else:
+            out.append(StageState(cycle, stage, "not started"))
     return out
 
 
-def live_coordinators(workdir: Path) -> list[tuple[int, str]]:
-    """Snakemake coordinators (not remote job processes) running in ``workdir`` on this host."""
+def _configfiles(args: list[str], cwd: str) -> set[str]:
+    """The resolved --configfile values of a snakemake command line (several may follow the flag)."""
+    out, taking = set(), False
+    for a in args[1:]:
+        if a in ("--configfile", "--configfiles"):
+            taking = True
+        elif a.startswith("-"):
+            taking = False
+        elif taking:
+            out.add(os.path.realpath(os.path.join(cwd, a)))
+    return out
+
+
+def live_coordinators(workdir: Path, configfiles: list[str] | None = None) -> list[tuple[int, str]]:
+    """Snakemake coordinators (not remote job processes) running in ``workdir`` on this host; with
+    ``configfiles``, only those of the same data set (same config files; one that names none counts)."""
     found = []
     me = os.getpid()
     for pid_dir in Path("/proc").iterdir():
@@ -131,8 +174,12 @@ def live_coordinators(workdir: Path) -> list[tuple[int, str]]:
         for flag in ("-d", "--directory"):
             if flag in args and args.index(flag) + 1 < len(args):
                 workflow_dir = args[args.index(flag) + 1]
-        if os.path.realpath(workflow_dir) == os.path.realpath(workdir):
-            found.append((int(pid_dir.name), text))
+        if os.path.realpath(workflow_dir) != os.path.realpath(workdir):
+            continue
+        theirs = _configfiles(args, cwd)
+        if configfiles and theirs and theirs != {os.path.realpath(c) for c in configfiles}:
+            continue                                     # another data set from the same checkout
+        found.append((int(pid_dir.name), text))
     return found
 
 
@@ -143,15 +190,22 @@ def snakemake_args(configfiles: list[str], workdir: Path, snakefile: Path | None
 def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, jobs: int, results_dir: Path,
           cycles: list[str], channels: list[int], extra: list[str], echo=print) -> int:
     prefix = profile_prefix(profile)
+    run = run_prefix(prefix, results_dir, workdir)
     lock_dir = workdir / ".snakemake" / "locks"
-    live = live_coordinators(workdir)
+    live = live_coordinators(workdir, configfiles)
     if live:
         pid, cmd = live[0]
-        echo(f"plexgpu rerun: refused: a live snakemake coordinator runs this workflow: PID {pid} on host "
+        echo(f"plexgpu rerun: refused: a live snakemake coordinator runs this data set: PID {pid} on host "
              f"{socket.gethostname()} ({cmd[:120]}); stop it (Ctrl-C) or let it finish first")
         return 3
-    before = status(results_dir, workdir, cycles, channels, prefix)
-    stale = cancel(prefix, workdir) if slurm.available() else []
+    loose = unattributed_jobs(prefix, workdir) if slurm.available() else []
+    if loose:
+        echo(f"plexgpu rerun: refused: job(s) {', '.join(j['JobID'] for j in loose)} in squeue were started from "
+             f"{workdir} without a run prefix (named {prefix}_<uuid>), so plexgpu cannot tell which data set they "
+             f"belong to and they could race the rerun; if they are this run's: scancel {' '.join(j['JobID'] for j in loose)}")
+        return 3
+    before = status(results_dir, workdir, cycles, channels, run)
+    stale = cancel(run, workdir) if slurm.available() else []
     for j in stale:
         echo(f"cancelled stale job {j['JobID']} ({slurm.parse_comment(j['Comment'])[0]} "
              f"{slurm.parse_comment(j['Comment'])[1]}, account {j['Account']})")
@@ -168,6 +222,26 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
     if not todo:
         echo("every cycle's stages are done; snakemake decides what else is left")
     cmd = [sys.executable, "-m", "snakemake", target, *snakemake_args(configfiles, workdir), "--profile",
-           str(profile), "-j", str(jobs), "--rerun-incomplete", *extra]
+           str(profile), "--slurm-jobname-prefix", run, "-j", str(jobs), "--rerun-incomplete", *extra]
     echo("running: " + " ".join(cmd[2:]))
     return subprocess.run(cmd).returncode
+
+
+def next_steps(results_dir: Path, cycles: list[str], channels: list[int], configfiles: list[str]) -> str:
+    """What a failed run's end says: the cycles x stages not done (from the files, so it works without
+    SLURM too) and the exact commands that show why and rerun only those."""
+    results_dir = Path(results_dir)
+    missing: dict[str, list[str]] = {}
+    for cycle in cycles:
+        for stage in STAGES:
+            if not all(f.exists() for f in paths.stage_files(results_dir, stage, cycle, channels)):
+                missing.setdefault(cycle, []).append(stage)
+    if not all((results_dir / p).exists() for p in paths.REGISTRATION_FILES):
+        missing.setdefault("all cycles", []).append("registration")
+    cfg = " ".join(str(c) for c in configfiles) or "config.yaml"
+    lines = [f"plexgpu: the run stopped with {sum(len(v) for v in missing.values())} stage(s) not done:"]
+    lines += [f"  {cycle}: {', '.join(stages)}" for cycle, stages in missing.items()]
+    lines += [f"why, per cycle and stage (job state, account): plexgpu status --configfile {cfg}",
+              f"rerun only what is unfinished:               plexgpu rerun registration --configfile {cfg}",
+              f"each job's log: {results_dir}/logs/<rule>/<cycle>.log"]
+    return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import re
 import shutil
 import subprocess
 
@@ -27,6 +28,85 @@ def user_accounts(user: str | None = None) -> set[str] | None:
     if res.returncode != 0:
         return None
     return {line.strip() for line in res.stdout.splitlines() if line.strip()}
+
+
+def gpu_limit(account: str, user: str | None = None) -> tuple[int | None, str]:
+    """The GPUs ``user`` may hold at once on ``account`` by SLURM's own limits: the smallest gres/gpu
+    among the account's and the user's association GrpTRES and the GrpTRES / MaxTRESPerUser of
+    their QOS; with where it comes from ("" and None where SLURM sets none or cannot be asked)."""
+    if shutil.which("sacctmgr") is None:
+        return None, ""
+    user = user or getpass.getuser()
+    try:
+        assoc = _run(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"account={account}",
+                      "format=account,user,grptres,qos"], timeout=15)
+        qos = _run(["sacctmgr", "-n", "-P", "show", "qos", "format=name,grptres,maxtrespu"], timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None, ""
+    if assoc.returncode != 0:
+        return None, ""
+    found: list[tuple[int, str]] = []
+    qos_names: set[str] = set()
+    for line in assoc.stdout.splitlines():
+        acct, who, grp, qlist = (line.split("|") + ["", "", "", ""])[:4]
+        if acct != account or who not in ("", user):
+            continue
+        n = gres_gpus(grp, None)
+        if n is not None:
+            found.append((n, f"association {account}{'/' + who if who else ''} GrpTRES"))
+        qos_names |= {q for q in qlist.split(",") if q}
+    for line in (qos.stdout.splitlines() if qos.returncode == 0 else []):
+        name, grp, per_user = (line.split("|") + ["", "", ""])[:3]
+        if name not in qos_names:
+            continue
+        for tres, what in ((grp, "GrpTRES"), (per_user, "MaxTRESPerUser")):
+            n = gres_gpus(tres, None)
+            if n is not None:
+                found.append((n, f"QOS {name} {what}"))
+    if not found:
+        return None, ""
+    return min(found)
+
+
+def gpus_in_use(user: str | None = None) -> dict[str, int]:
+    """{account: GPUs held now by ``user``'s running jobs} (squeue's allocated TRES)."""
+    if shutil.which("squeue") is None:
+        return {}
+    user = user or getpass.getuser()
+    try:
+        res = _run(["squeue", "-h", "-u", user, "-t", "RUNNING,COMPLETING", "-O", "Account:60,tres-alloc:300"])
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    out: dict[str, int] = {}
+    for line in res.stdout.splitlines() if res.returncode == 0 else []:
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = out.get(parts[0], 0) + gres_gpus(parts[1])
+    return out
+
+
+def partition_limits(partition: str) -> dict | None:
+    """The largest node of ``partition`` as sinfo reports it: {"cpus", "mem_mb", "gpus", "time_min"}
+    (time_min None: no limit); None where SLURM cannot be asked or the partition has no nodes."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        res = _run(["sinfo", "-h", "-p", partition, "-o", "%c|%m|%G|%l"], timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = [line.split("|") for line in res.stdout.splitlines() if line.count("|") == 3] if res.returncode == 0 else []
+    if not rows:
+        return None
+    gpus = lambda g: max([int(m) for m in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", g)] or [0])
+    return {"cpus": max(int(r[0].rstrip("+")) for r in rows), "mem_mb": max(int(r[1].rstrip("+")) for r in rows),
+            "gpus": max(gpus(r[2]) for r in rows), "time_min": _minutes(rows[0][3])}
+
+
+def _minutes(limit: str) -> float | None:
+    """sinfo's time limit ([D-]HH:MM:SS, MM:SS, 'infinite') -> minutes."""
+    if limit in ("infinite", "UNLIMITED", "n/a", ""):
+        return None
+    return parse_elapsed(limit) / 60
 
 
 SACCT_FIELDS = ["JobID", "JobName", "Account", "Partition", "AllocTRES", "Start", "End", "Elapsed", "State",
@@ -59,14 +139,16 @@ def parse_elapsed(text: str) -> float:
     return days * 86400 + h * 3600 + m * 60 + s
 
 
-def gres_gpus(alloc_tres: str) -> int:
-    """Number of GPUs in an AllocTRES string (gres/gpu=N, or gres/gpu:<type>=N)."""
-    total = 0
-    for item in alloc_tres.split(","):
+def gres_gpus(alloc_tres: str, missing: int | None = 0) -> int | None:
+    """Number of GPUs in a TRES string ('cpu=4,gres/gpu=3,mem=1G' -> 3); ``missing`` where it names none
+    (a limit string without gres/gpu sets no GPU limit: pass None)."""
+    total, seen = 0, False
+    for item in (alloc_tres or "").split(","):
         key, _, val = item.partition("=")
-        if key == "gres/gpu" and val.isdigit():
+        if key.strip() == "gres/gpu" and val.strip().isdigit():
             total += int(val)
-    return total
+            seen = True
+    return total if seen else missing
 
 
 def parse_rss(text: str) -> float | None:
