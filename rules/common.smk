@@ -102,19 +102,28 @@ def _token(account):
     return "gpu_" + "".join(c if c.isalnum() else "_" for c in account)
 
 
-def gpu_resources(per_cycle=True):
-    """SLURM resources of a GPU-stage rule: one GPU, the assigned account and partition, the
-    account's slot count (read by the gpu-only scheduler) and per-account slot tokens (for
-    `--resources gpu_<account>=N` with the built-in schedulers). Independent of the attempt."""
+def rule_resources(rule_name):
+    """Every rule's resources, from one place: cpus_per_task, mem_mb and runtime from config key
+    resources.<rule_name> ("qc" for the QC rules); for a GPU stage of the registry (paths.PIPELINE) its
+    ``gpu_stage`` rank (how the gpu-only scheduler knows GPU work and its order) and, with accounts
+    configured, one GPU (`gpu=1`), the assigned account and partition, the account's slot count and
+    per-account slot tokens `gpu_<account>` (0/1: `--resources gpu_<account>=N` caps an account with
+    Snakemake's built-in schedulers). Independent of the attempt."""
+    out = {k: res(rule_name, k) for k in ("cpus_per_task", "mem_mb", "runtime")}
+    rank = paths.gpu_stage_rank(rule_name)
+    if not rank:
+        return out
+    out["gpu_stage"] = rank
     if not ACCOUNTS:
-        return {}
+        return out
+    per_cycle = paths.stage(rule_name).per_cycle
     slot = (lambda wc: ASSIGNMENT[wc.cycle]) if per_cycle else (lambda wc: REGISTRATION_SLOT)
-    res = {
-        "gpu": 1,
-        "slurm_account": lambda wc: slot(wc).account,
-        "slurm_partition": lambda wc: slot(wc).partition or "",
-        "account_gpu_slots": lambda wc: slot(wc).gpu_slots,
-    }
+    out.update(
+        gpu=1,
+        slurm_account=lambda wc: slot(wc).account,
+        slurm_partition=lambda wc: slot(wc).partition or "",
+        account_gpu_slots=lambda wc: slot(wc).gpu_slots,
+    )
     for a in ACCOUNTS:
-        res[_token(a["name"])] = lambda wc, name=a["name"]: int(slot(wc).account == name)
-    return res
+        out[_token(a["name"])] = lambda wc, name=a["name"]: int(slot(wc).account == name)
+    return out

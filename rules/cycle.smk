@@ -19,10 +19,7 @@ rule stitch:
         accounting=ACCOUNTING,
     threads: res("stitch", "cpus_per_task")
     resources:
-        cpus_per_task=res("stitch", "cpus_per_task"),
-        mem_mb=res("stitch", "mem_mb"),
-        runtime=res("stitch", "runtime"),
-        **gpu_resources(),
+        **rule_resources("stitch"),
     conda:
         "../envs/plexgpu.yaml"
     log:
@@ -45,10 +42,7 @@ rule deconvolve:
         accounting=ACCOUNTING,
     threads: res("deconvolve", "cpus_per_task")
     resources:
-        cpus_per_task=res("deconvolve", "cpus_per_task"),
-        mem_mb=res("deconvolve", "mem_mb"),
-        runtime=res("deconvolve", "runtime"),
-        **gpu_resources(),
+        **rule_resources("deconvolve"),
     conda:
         "../envs/plexgpu.yaml"
     log:
@@ -73,10 +67,7 @@ rule edf:
         accounting=ACCOUNTING,
     threads: res("edf", "cpus_per_task")
     resources:
-        cpus_per_task=res("edf", "cpus_per_task"),
-        mem_mb=res("edf", "mem_mb"),
-        runtime=res("edf", "runtime"),
-        **gpu_resources(),
+        **rule_resources("edf"),
     conda:
         "../envs/plexgpu.yaml"
     log:

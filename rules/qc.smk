@@ -14,9 +14,7 @@ rule qc_stitch:
         metrics=f"{R}/qc/stitch/{{cycle}}.json",
     threads: res("qc", "cpus_per_task")
     resources:
-        cpus_per_task=res("qc", "cpus_per_task"),
-        mem_mb=res("qc", "mem_mb"),
-        runtime=res("qc", "runtime"),
+        **rule_resources("qc"),
     conda:
         "../envs/plexgpu.yaml"
     log:
@@ -34,9 +32,7 @@ rule qc_decon:
         metrics=f"{R}/qc/deconvolve/{{cycle}}.json",
     threads: res("qc", "cpus_per_task")
     resources:
-        cpus_per_task=res("qc", "cpus_per_task"),
-        mem_mb=res("qc", "mem_mb"),
-        runtime=res("qc", "runtime"),
+        **rule_resources("qc"),
     conda:
         "../envs/plexgpu.yaml"
     log:
@@ -55,9 +51,7 @@ rule qc_edf:
         metrics=f"{R}/qc/edf/{{cycle}}.json",
     threads: res("qc", "cpus_per_task")
     resources:
-        cpus_per_task=res("qc", "cpus_per_task"),
-        mem_mb=res("qc", "mem_mb"),
-        runtime=res("qc", "runtime"),
+        **rule_resources("qc"),
     conda:
         "../envs/plexgpu.yaml"
     log:
@@ -77,9 +71,7 @@ rule qc_registration:
         cycles=CYCLES,
     threads: res("qc", "cpus_per_task")
     resources:
-        cpus_per_task=res("qc", "cpus_per_task"),
-        mem_mb=res("qc", "mem_mb"),
-        runtime=res("qc", "runtime"),
+        **rule_resources("qc"),
     conda:
         "../envs/plexgpu.yaml"
     log:

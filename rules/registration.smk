@@ -20,10 +20,7 @@ rule registration:
         accounting=ACCOUNTING,
     threads: res("registration", "cpus_per_task")
     resources:
-        cpus_per_task=res("registration", "cpus_per_task"),
-        mem_mb=res("registration", "mem_mb"),
-        runtime=res("registration", "runtime"),
-        **gpu_resources(per_cycle=False),
+        **rule_resources("registration"),
     conda:
         "../envs/plexgpu.yaml"
     log:

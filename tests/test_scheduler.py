@@ -16,6 +16,7 @@ from snakemake_interface_scheduler_plugins.settings import SchedulerSettingsBase
 from snakemake_interface_scheduler_plugins.tests import TestSchedulerBase
 
 import snakemake_scheduler_plugin_gpu_only as plugin
+from plexgpu.paths import gpu_stage_rank
 from conftest import REPO
 
 
@@ -40,6 +41,8 @@ class Job:
         self.wildcards = {"cycle": cycle} if cycle else {}
         self.priority = 0
         self._res = {"_cores": 1, "_nodes": 1, "_job_count": 1, **res}
+        if gpu_stage_rank(rule):                       # what rules/common.smk's rule_resources declares
+            self._res["gpu_stage"] = gpu_stage_rank(rule)
         if account:
             self._res.update(slurm_account=account, account_gpu_slots=slots, gpu=gpu)
         self.input = []
@@ -158,7 +161,9 @@ def test_snakemake_accepts_scheduler_gpu_only(tmp_path, small_synth):
 def test_rule_edited_to_drop_gpu_is_refused(tmp_path, small_synth):
     wf = _workflow_copy(tmp_path)
     common = wf / "rules" / "common.smk"
-    common.write_text(common.read_text().replace('"gpu": 1,', ""))
+    text = common.read_text()
+    assert "        gpu=1,\n" in text
+    common.write_text(text.replace("        gpu=1,\n", ""))
     res = subprocess.run([sys.executable, "-m", "snakemake", "registration", "--configfile",
                           str(_cfg(tmp_path, small_synth[0])), "--scheduler", "gpu-only", "-j", "5",
                           "-s", str(wf / "Snakefile"), "-d", str(tmp_path)], capture_output=True, text=True)
@@ -166,3 +171,24 @@ def test_rule_edited_to_drop_gpu_is_refused(tmp_path, small_synth):
     assert res.returncode != 0
     assert "is a GPU stage but asks for no GPU" in out, out[-2000:]
     assert not (tmp_path / "res" / "stitched").exists()
+
+
+def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path):
+    """One stage registry (paths.PIPELINE): a stage inserted there (say background subtraction after
+    stitch) is a GPU stage with its rank for the scheduler, a row of `plexgpu status`, a line of a
+    failed run's summary and a stage of stage_files -- with no other list to edit."""
+    from plexgpu import paths, rerun
+
+    new = paths.Stage("background", ("background/{cycle}/CH{ch}.ome.tif",))
+    monkeypatch.setattr(paths, "PIPELINE", paths.PIPELINE[:1] + (new,) + paths.PIPELINE[1:])
+    assert paths.cycle_stages() == ("stitch", "background", "deconvolve", "edf")
+    assert paths.gpu_stage_rank("background") == 2 and paths.gpu_stage_rank("registration") == 5
+    assert paths.stage_files(tmp_path, "background", "cyc001", [1, 2]) == [
+        tmp_path / "background/cyc001/CH1.ome.tif", tmp_path / "background/cyc001/CH2.ome.tif"]
+    rows = rerun.status(tmp_path, tmp_path, ["cyc001"], [1], "plexgpu-test")
+    assert [(r.cycle, r.stage) for r in rows] == [("cyc001", "stitch"), ("cyc001", "background"),
+                                                  ("cyc001", "deconvolve"), ("cyc001", "edf"),
+                                                  ("all", "registration")]
+    assert "cyc001: stitch, background, deconvolve, edf" in rerun.next_steps(tmp_path, ["cyc001"], [1], ["c.yaml"])
+    job = Job("background", "cyc001", "clive", 3)
+    assert plugin.is_gpu_stage(job) and job.scheduler_resources["gpu_stage"] == 2

@@ -3,6 +3,7 @@ rules (rules/common.smk) and the CLI (``plexgpu status``) alike."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 STITCHED = "stitched/{cycle}/CH{ch}.ome.tif"
@@ -26,17 +27,46 @@ QC_INDEX = "qc/index.html"
 #: the files that prove registration (over all cycles) is done
 REGISTRATION_FILES = (SHIFTS, PLEX, PLEX_DECONVOLVED, MARKERS)
 
-#: per-cycle GPU stages and the files that prove each is done
-STAGE_OUTPUTS = {
-    "stitch": (STITCHED, PROFILES, POSITIONS, PAIRS, PLANES),
-    "deconvolve": (DECONVOLVED,),
-    "edf": (EDF, EDF_DECONVOLVED, FOCUS),
-}
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline: its rule's name, the files that prove it done, whether it runs
+    once per cycle (else once over all cycles) and on a GPU."""
+
+    name: str
+    outputs: tuple[str, ...]
+    per_cycle: bool = True
+    gpu: bool = True
 
 
-def stage_files(results_dir: str | Path, stage: str, cycle: str, channels: list[int]) -> list[Path]:
+#: THE stage registry, in pipeline order: paths, status and rerun, the simulator, the QC page and
+#: (through each rule's ``gpu_stage`` resource, rules/common.smk) the gpu-only scheduler all read it
+PIPELINE = (
+    Stage("stitch", (STITCHED, PROFILES, POSITIONS, PAIRS, PLANES)),
+    Stage("deconvolve", (DECONVOLVED,)),
+    Stage("edf", (EDF, EDF_DECONVOLVED, FOCUS)),
+    Stage("registration", REGISTRATION_FILES, per_cycle=False),
+)
+
+
+def cycle_stages() -> tuple[str, ...]:
+    return tuple(s.name for s in PIPELINE if s.per_cycle)
+
+
+def stage(name: str) -> Stage:
+    return next(s for s in PIPELINE if s.name == name)
+
+
+def gpu_stage_rank(name: str) -> int:
+    """1-based position of a GPU stage in the pipeline (0: not a GPU stage): the ``gpu_stage``
+    resource each rule declares, from which the gpu-only scheduler knows GPU work and its order."""
+    names = [s.name for s in PIPELINE if s.gpu]
+    return names.index(name) + 1 if name in names else 0
+
+
+def stage_files(results_dir: str | Path, stage_name: str, cycle: str, channels: list[int]) -> list[Path]:
     out = []
-    for pattern in STAGE_OUTPUTS[stage]:
+    for pattern in stage(stage_name).outputs:
         if "{ch}" in pattern:
             out += [Path(results_dir) / pattern.format(cycle=cycle, ch=ch) for ch in channels]
         else:

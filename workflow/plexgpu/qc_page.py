@@ -16,7 +16,7 @@ import numpy as np
 from . import qc
 from .io.tiff import write_text_atomic
 
-STAGES = ("stitch", "deconvolve", "edf", "registration")
+STAGES = ("stitch", "deconvolve", "edf", "registration")    # the stages the QC rules have pictures of
 COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "fail": "#c62828"}
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}

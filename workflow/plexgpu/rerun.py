@@ -28,9 +28,6 @@ import yaml
 from . import paths, slurm
 from .config import REPO_ROOT
 
-STAGES = ("stitch", "deconvolve", "edf")
-
-
 def profile_prefix(profile: str | Path) -> str:
     cfg = Path(profile) / "config.v8+.yaml"
     data = yaml.safe_load(cfg.read_text()) if cfg.is_file() else {}
@@ -116,10 +113,10 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
                     history[key] = r
     incomplete = incomplete_outputs(workdir)
     out = []
-    items = [(cycle, stage, (stage, cycle), paths.stage_files(results_dir, stage, cycle, channels))
-             for cycle in cycles for stage in STAGES]
-    items.append(("all", "registration", ("registration", ""),
-                  [results_dir / p for p in paths.REGISTRATION_FILES]))
+    items = [(cycle, st.name, (st.name, cycle), paths.stage_files(results_dir, st.name, cycle, channels))
+             for cycle in cycles for st in paths.PIPELINE if st.per_cycle]
+    items += [("all", st.name, (st.name, ""), paths.stage_files(results_dir, st.name, "", channels))
+              for st in paths.PIPELINE if not st.per_cycle]
     for cycle, stage, key, files in items:
         if key in running:
             j = running[key]
@@ -232,12 +229,10 @@ def next_steps(results_dir: Path, cycles: list[str], channels: list[int], config
     SLURM too) and the exact commands that show why and rerun only those."""
     results_dir = Path(results_dir)
     missing: dict[str, list[str]] = {}
-    for cycle in cycles:
-        for stage in STAGES:
-            if not all(f.exists() for f in paths.stage_files(results_dir, stage, cycle, channels)):
-                missing.setdefault(cycle, []).append(stage)
-    if not all((results_dir / p).exists() for p in paths.REGISTRATION_FILES):
-        missing.setdefault("all cycles", []).append("registration")
+    for st in paths.PIPELINE:
+        for cycle in cycles if st.per_cycle else ["all cycles"]:
+            if not all(f.exists() for f in paths.stage_files(results_dir, st.name, cycle, channels)):
+                missing.setdefault(cycle, []).append(st.name)
     cfg = " ".join(str(c) for c in configfiles) or "config.yaml"
     lines = [f"plexgpu: the run stopped with {sum(len(v) for v in missing.values())} stage(s) not done:"]
     lines += [f"  {cycle}: {', '.join(stages)}" for cycle, stages in missing.items()]

@@ -11,8 +11,9 @@ import heapq
 from dataclasses import dataclass, field
 
 from .assignment import build_cycle_assignment
+from .paths import cycle_stages
 
-STAGES = ("stitch", "deconvolve", "edf")
+STAGES = cycle_stages()                 # the per-cycle chain of the stage registry (paths.PIPELINE)
 
 
 @dataclass

@@ -23,8 +23,9 @@ from snakemake_interface_scheduler_plugins.base import SchedulerBase
 from snakemake_interface_scheduler_plugins.interfaces.jobs import JobSchedulerInterface
 from snakemake_interface_scheduler_plugins.settings import SchedulerSettingsBase
 
-#: plexgpu's GPU stages, downstream last (their order is the preference order, reversed)
-GPU_STAGES = ("stitch", "deconvolve", "edf", "registration")
+#: the resource by which a rule says it is a GPU stage: its 1-based rank in the workflow's stage
+#: registry, downstream highest (plexgpu's rules/common.smk sets it from paths.PIPELINE)
+STAGE = "gpu_stage"
 ACCOUNT = "slurm_account"
 SLOTS = "account_gpu_slots"
 
@@ -56,8 +57,16 @@ def _cycle(job) -> str:
         return ""
 
 
+def _stage_rank(job) -> int:
+    """The ``gpu_stage`` rank a job's rule declares (0: not a GPU stage)."""
+    try:
+        return int(job.scheduler_resources.get(STAGE, 0) or 0)
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
 def is_gpu_stage(job) -> bool:
-    return any(_rule(j) in GPU_STAGES for j in _single_jobs(job))
+    return any(_stage_rank(j) > 0 for j in _single_jobs(job)) or _stage_rank(job) > 0
 
 
 def gpu_account(job) -> tuple[str, int] | None:
@@ -101,7 +110,7 @@ class Scheduler(SchedulerBase):
 
     def _preference(self, job, started: set) -> tuple:
         singles = _single_jobs(job)
-        stage = max((GPU_STAGES.index(_rule(j)) for j in singles if _rule(j) in GPU_STAGES), default=-1)
+        stage = max([_stage_rank(j) - 1 for j in singles if _stage_rank(j) > 0] + [_stage_rank(job) - 1])
         cycles = [_cycle(j) for j in singles if _cycle(j)]
         order = min((self.cycle_order.get(c, len(self.cycle_order)) for c in cycles), default=-1)
         return (0 if stage >= 0 else 1,                         # GPU work before QC
