@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.plexgpu-installed
 CORES  ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo test venv clean-demo bench bench-env
+.PHONY: demo test lint venv clean-demo bench bench-env
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,11 @@ demo: $(STAMP)
 	@echo "  QC report:                                        demo/results/qc/index.html"
 	@echo "  logs:                                             demo/results/logs/"
 
-test: $(STAMP)
+# lint first (ruff, config in pyproject.toml; `snakemake --lint` runs in tests/test_workflow.py)
+lint: $(STAMP)
+	$(BIN)/ruff check
+
+test: lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
 
 # basicpy 2.0.0 (the BaSiC reference) pins scipy<1.13 and needs torch: its own environment,

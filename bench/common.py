@@ -43,7 +43,8 @@ def markdown_table() -> str:
     for p in sorted(RESULTS.glob("*.json")):
         d = json.loads(p.read_text())
         for r in d["rows"]:
-            f = lambda k: ("–" if r.get(k) is None else (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])))
+            def f(k):
+                return ("–" if r.get(k) is None else (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])))
             lines.append(f"| {d['benchmark']} | {r['what']} | {f('ours_s')} | {f('peer')} | {f('peer_s')} | "
                          f"{f('ratio')} | {f('ours_accuracy')} | {f('peer_accuracy')} | {f('peak_rss_mb')} |")
     return "\n".join(lines) + "\n"

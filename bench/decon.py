@@ -64,7 +64,8 @@ if REAL.is_dir():
     c = np.unravel_index(int(np.argmax(full)), full.shape)
     kernel = full[tuple(slice(i - 4, i + 5) for i in c)]
     kernel /= kernel.sum()
-    nrmse = lambda e: float(np.sqrt(np.mean((e - truth) ** 2)) / np.sqrt(np.mean(truth ** 2)))
+    def nrmse(e):
+        return float(np.sqrt(np.mean((e - truth) ** 2)) / np.sqrt(np.mean(truth ** 2)))
     t = {}
     with timer(t, "ours"):
         ours = deconvolution.richardson_lucy(img, kernel, args.iterations, workers=-1)

@@ -30,8 +30,10 @@ ap.add_argument("--thickness", default="0,3,6", help="specimen thickness(es) in 
 ap.add_argument("--iterations", default="0,10,25,50")
 args = ap.parse_args()
 iterations = [int(v) for v in args.iterations.split(",")]
-corr = lambda a, b: float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
-fine = lambda a: a - ndimage.gaussian_filter(a, 1.5)
+def corr(a, b):
+    return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
+def fine(a):
+    return a - ndimage.gaussian_filter(a, 1.5)
 
 
 def cell_masks(ds, margin=24):
@@ -80,6 +82,7 @@ for thickness, na in cases:
                  + f"; per-cell intensity / truth p5-p95 ({len(ids)} cells): " + ", ".join(per_cell),
                  "peer_accuracy": f"maximum projection {corr(data.max(axis=0)[inner], truth):.4f} (per cell "
                                   f"{cell_spread(data.max(axis=0), full_truth, cells, ids)}); plane at the true depth "
-                                  f"{corr(nearest[inner], truth):.4f} (per cell {cell_spread(nearest, full_truth, cells, ids)})",
+                                  f"{corr(nearest[inner], truth):.4f} "
+                                  f"(per cell {cell_spread(nearest, full_truth, cells, ids)})",
                  "peak_rss_mb": peak_rss_mb()})
 write_result("decon_edf", rows, notes="ours_s: time of RL (last count) + EDF; peer_s: EDF alone")

@@ -24,7 +24,8 @@ with timer(t, "edf"):
     res = edf.extended_depth_of_field(stack)
 with timer(t, "max"):
     mip = edf.max_projection(stack)
-c = lambda a: float(np.corrcoef(a.ravel(), truth.ravel())[0, 1])
+def c(a):
+    return float(np.corrcoef(a.ravel(), truth.ravel())[0, 1])
 write_result("edf", [{"what": f"EDF {args.z}x{stack.shape[1]}x{stack.shape[2]}", "ours_s": t["edf"],
                       "peer": "maximum projection", "peer_s": t["max"], "ratio": t["max"] / t["edf"],
                       "ours_accuracy": f"corr {c(res.image):.4f}", "peer_accuracy": f"corr {c(mip):.4f}",

@@ -40,7 +40,8 @@ def pairs():
         kernel = read_tiff(REAL / "bead/kernel.tif").astype(np.float32)
         otf = np.fft.rfftn(np.fft.ifftshift(kernel / kernel.sum()))        # the kernel's peak (32, 32, 32) at 0
         blur = np.fft.irfftn(np.fft.rfftn(bead) * otf, s=bead.shape).astype(np.float32)
-        out["bead: middle plane vs its kernel-blurred copy"] = (bead[32], blur[32] + rng.normal(0, 0.02 * blur.max(), blur[32].shape))
+        noise = rng.normal(0, 0.02 * blur.max(), blur[32].shape)
+        out["bead: middle plane vs its kernel-blurred copy"] = (bead[32], blur[32] + noise)
     ds = SynthDataset(SynthSpec(cycles=2, rows=2, cols=2, tile=(256, 256), z_planes=3, channels=1, seed=5))
     c1, c2 = ds.specimen(1, 1), ds.specimen(2, 1)
     out["synthetic cycles (own sub-pixel shift), one bleached to 40 % + noise"] = (

@@ -1,5 +1,5 @@
-# Config validation (the one schema), raw discovery (once per invocation), path helpers
-# and input functions shared by all rules.
+# Config validation (the one schema), raw discovery (once per Snakefile parse: the coordinator
+# and each SLURM job), path helpers and input functions shared by all rules.
 
 import sys
 from pathlib import Path
@@ -33,7 +33,7 @@ CYCLE_SPECS = {s.key: s for s in (cycle_spec(EXPERIMENT, c) for c in EXPERIMENT.
 SPECS = {key: spec.as_dict() for key, spec in CYCLE_SPECS.items()}  # JSON-able, passed to jobs
 DEVICE = config["compute"]["device"]
 
-# GPU-only scheduling (design §6): with accounts configured, every GPU-stage job asks SLURM
+# GPU-only scheduling: with accounts configured, every GPU-stage job asks SLURM
 # for exactly one GPU on its assigned account and partition. Without accounts (a workstation)
 # no SLURM resources are set. compute.device only chooses the array backend.
 ACCOUNTS = config["accounts"]

@@ -1,4 +1,4 @@
-"""Cycle -> GPU account assignment (design §6)."""
+"""Cycle -> GPU account assignment."""
 
 import re
 import subprocess

@@ -179,9 +179,12 @@ def test_rl_with_the_bead_psf_keeps_the_hollow_shell(realdata, tmp_path, xp):
     rng = np.random.default_rng(0)
     blurred = np.clip(blurred + rng.normal(0, 0.01 * blurred.max(), blurred.shape), 0, None).astype(np.float32)
     out = xpmod.to_host(dc.richardson_lucy(xpmod.to_device(blurred, xp), k, 25))
-    rel = lambda a: a / a.sum()
-    err = lambda a: float(np.sqrt(np.mean((rel(a) - rel(bead)) ** 2)) / np.sqrt(np.mean(rel(bead) ** 2)))
-    hollow = lambda a: float(a[25, 31, 29:34].min() / a[25, 31, 22:41].max())   # centre over the ring
+    def rel(a):
+        return a / a.sum()
+    def err(a):
+        return float(np.sqrt(np.mean((rel(a) - rel(bead)) ** 2)) / np.sqrt(np.mean(rel(bead) ** 2)))
+    def hollow(a):
+        return float(a[25, 31, 29:34].min() / a[25, 31, 22:41].max())   # centre over the ring
     print(f"error vs the bead: blurred {err(blurred):.3f}, RL 25 {err(out):.3f}; centre/ring: bead "
           f"{hollow(bead):.2f}, blurred {hollow(blurred):.2f}, RL {hollow(out):.2f}")
     assert err(out) < 0.8 * err(blurred)

@@ -128,7 +128,8 @@ def test_every_grid_order_is_in_the_schema_and_named_for_fiji():
     from plexgpu.config import SCHEMA_PATH
     from plexgpu.io.raw import GRID_ORDERS, fiji_name
 
-    assert set(yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["grid"]["properties"]["order"]["enum"]) == set(GRID_ORDERS) == set(GRID_TABLE)
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    assert set(schema["properties"]["grid"]["properties"]["order"]["enum"]) == set(GRID_ORDERS) == set(GRID_TABLE)
     assert fiji_name("snake-rows-top-right") == "snake by rows, Left & Down"
     assert fiji_name("columns-bottom-left") == "column-by-column, Up & Right"
     with pytest.raises(RawDataError, match="grid.order must be one of"):

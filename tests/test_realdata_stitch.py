@@ -14,7 +14,7 @@ import pytest
 
 from plexgpu import basic, stages, stitching
 from plexgpu.experiment import CycleSpec
-from plexgpu.io.raw import grid_layout, tile_filename
+from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import read_tiff
 from plexgpu.job import job_context
 from plexgpu.phasecorr import ncc

@@ -82,7 +82,8 @@ def _rerun(tmp_path, cfg, profile):
 def test_killed_coordinator_rerun_resumes_only_unfinished(slurm_cluster, four_cycles, tmp_path):
     raw, reference = four_cycles
     prefix, profile, cfg, coord = _start_run(tmp_path, raw, "k")
-    edf_done = lambda: any((tmp_path / f"results/edf/{c}/CH1.ome.tif").exists() for c in CYCLES)
+    def edf_done():
+        return any((tmp_path / f"results/edf/{c}/CH1.ome.tif").exists() for c in CYCLES)
     _wait(lambda: edf_done() and _my_jobs(prefix), what="a finished cycle while GPU jobs run")
     os.kill(coord.pid, signal.SIGKILL)
     coord.wait()
@@ -126,9 +127,9 @@ def test_scancelled_job_other_cycles_finish_and_rerun_only_that_cycle(slurm_clus
         assert (tmp_path / f"results/edf/{c}/CH1.ome.tif").exists()
     assert not (tmp_path / "results/edf/cyc002/CH1.ome.tif").exists()
     st = _plexgpu("status", "--configfile", str(cfg), "-d", str(tmp_path), "--profile", str(profile))
-    line = next(l for l in st.stdout.splitlines() if "cyc002" in l and "stitch" in l)
+    line = next(ln for ln in st.stdout.splitlines() if "cyc002" in ln and "stitch" in ln)
     assert "failed" in line and "CANCELLED" in line
-    assert all("done" in l for l in st.stdout.splitlines() if "cyc001" in l)
+    assert all("done" in ln for ln in st.stdout.splitlines() if "cyc001" in ln)
     # the user's scancel stayed a cancel: the profile resubmitted nothing of cyc002
     assert [r["rule"] for r in records(prefix) if r["cycle"] == "cyc002"] == ["stitch"]
     # every allocation sacct knows is in the report, the cancelled one included; GPU-seconds to the second
@@ -185,9 +186,10 @@ def test_cancel_leaves_other_working_directories_alone(slurm_cluster, tmp_path, 
     mine.mkdir()
     cfg = write_config(mine, small_synth[0])
     run = run_prefix(prefix, mine / "results", mine)
-    sub = lambda d: subprocess.run(["sbatch", "--parsable", "-A", "clive", "-p", "hpg-turin", "-J",
-                                    f"{run}_run", "--chdir", str(d), "-o", "/dev/null", "--mem", "100",
-                                    "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
+    def sub(d):
+        return subprocess.run(["sbatch", "--parsable", "-A", "clive", "-p", "hpg-turin", "-J",
+                                        f"{run}_run", "--chdir", str(d), "-o", "/dev/null", "--mem", "100",
+                                        "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
     mine_id, other_id = sub(mine), sub(other)
     try:
         res = _plexgpu("cancel", "--configfile", str(cfg), "-d", str(mine), "--profile", str(profile))
@@ -212,7 +214,8 @@ def test_two_data_sets_from_one_checkout_cancel_one_the_other_finishes(slurm_clu
     assert run_a != run_b
     coords = {k: subprocess.Popen(snakemake_cmd(tmp_path, c, "registration", profile), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for k, c in (("a", cfg_a), ("b", cfg_b))}
-    jobs_of = lambda run: [j for j in squeue_jobs() if j["JobName"].startswith(run + "_")]
+    def jobs_of(run):
+        return [j for j in squeue_jobs() if j["JobName"].startswith(run + "_")]
     _wait(lambda: jobs_of(run_a) and jobs_of(run_b), what="both data sets with jobs in squeue")
     res = _plexgpu("cancel", "--configfile", str(cfg_a), "-d", str(tmp_path), "--profile", str(profile))
     assert res.returncode == 0, res.stderr

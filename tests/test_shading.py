@@ -30,12 +30,14 @@ def _shade(ds, z=2, **kw):
     small = basic.downsample(_plane(ds, z), 128)
     fit = basic.fit_batch(small[None], basic.BasicParams())
     pos = ds.positions[0]
-    pairs = [(p.a, p.b, np.subtract(pos[p.b], pos[p.a])) for p in neighbour_pairs(grid_layout(spec.rows, spec.cols, spec.order))]
+    layout = grid_layout(spec.rows, spec.cols, spec.order)
+    pairs = [(p.a, p.b, np.subtract(pos[p.b], pos[p.a])) for p in neighbour_pairs(layout)]
     sh = shading.shade_plane(small.astype(np.float64), fit.flatfield[0], fit.darkfield[0].astype(np.float64), pairs,
                              (128 / spec.tile[0], 128 / spec.tile[1]), **kw)
     truth_flat = basic.downsample(ds.flatfield(1, z)[None], 128)[0]
     truth_dark = basic.downsample(ds.darkfield(1, z)[None], 128)[0]
-    err = lambda f: float(np.sqrt(np.mean((f / f.mean() - truth_flat / truth_flat.mean()) ** 2)))
+    def err(f):
+        return float(np.sqrt(np.mean((f / f.mean() - truth_flat / truth_flat.mean()) ** 2)))
     return sh, err(sh.flatfield), err(fit.flatfield[0]), float(np.abs(sh.darkfield - truth_dark).mean() / truth_dark.mean())
 
 

@@ -119,7 +119,8 @@ def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, 
 
     assert gpu_limit("clive") == (3, "association clive GrpTRES")
     qos = f"plexgpu{uuid.uuid4().hex[:6]}"
-    sh = lambda *a: subprocess.run(["sacctmgr", "-i", *a], capture_output=True, text=True)
+    def sh(*a):
+        return subprocess.run(["sacctmgr", "-i", *a], capture_output=True, text=True)
     assert sh("add", "qos", qos, "MaxTRESPerUser=gres/gpu=1").returncode == 0
     try:
         assert sh("modify", "user", "where", "name=root", "account=maigan", "set", f"qos+={qos}").returncode == 0

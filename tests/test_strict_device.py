@@ -59,7 +59,7 @@ def test_stand_in_refuses_what_cupy_refuses():
 @pytest.mark.skipif(CUPY is None, reason="cupy (the test extra installs cupy-cuda12x) is not importable")
 def test_stand_in_knows_cupys_names():
     with pytest.raises(StrictDeviceError, match="does not exist"):
-        STRICT.nanpercentile                                   # NumPy has it, CuPy 14 does not
+        _ = STRICT.nanpercentile                               # NumPy has it, CuPy 14 does not
     with pytest.raises(StrictDeviceError, match="no attribute"):
         STRICT.zeros(3).resize((4,))                           # an ndarray method CuPy lacks
 

@@ -110,7 +110,6 @@ def test_sheet_between_planes_is_imaged_at_its_own_defocus():
     in both, and not half in focus plus half at 1.5 µm (two half-sheets on the recorded planes)."""
     from scipy import signal
 
-    from plexgpu import psf as psfmod
     from plexgpu.synth import DEPTH_LEVELS, image_sheet
 
     ds = SynthDataset(SynthSpec(cycles=1, rows=1, cols=1, tile=(96, 96), z_planes=4, channels=1, seed=4))
@@ -155,7 +154,8 @@ def test_thick_slab_keeps_the_light_and_is_hazier_than_a_sheet():
     np.testing.assert_allclose(slab, slab[::-1], atol=1e-5 * slab.max())                  # symmetric about its centre
     truth = ds.in_focus(1, 1)
     inner = (slice(12, -12), slice(12, -12))           # in_focus is blurred on the canvas: borders differ
-    corr = lambda a: np.corrcoef(a[inner].ravel(), truth[inner].ravel())[0, 1]
+    def corr(a):
+        return np.corrcoef(a[inner].ravel(), truth[inner].ravel())[0, 1]
     assert corr(sheet[3]) > 0.9999 and corr(slab[3]) < 0.995         # its own out-of-focus light lies on it
     spec = SynthSpec(cycles=1, rows=1, cols=1, tile=(64, 64), z_planes=5, channels=1, thickness_um=3.0)
     thick, thin = SynthDataset(spec).stack(1, 1), SynthDataset(replace(spec, thickness_um=0.0)).stack(1, 1)

@@ -1,4 +1,4 @@
-"""Per-job GPU accounting records (design §7).
+"""Per-job GPU accounting records.
 
 Every GPU-stage job writes ``accounting/jobs/<rule>-<cycle>-<jobid>.json``, also when it
 fails: the SLURM facts (job id, account, partition, node, cpus_per_task, requested memory

@@ -1,4 +1,4 @@
-"""Cycle -> GPU account assignment (design §6).
+"""Cycle -> GPU account assignment.
 
 A queue holds each account ``gpu_slots`` times, in config order; cycle i (0-based,
 sorted) goes to ``queue[i % len(queue)]``: round-robin in proportion to slots, overflow

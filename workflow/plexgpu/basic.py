@@ -264,7 +264,8 @@ def fit_batch(D, params: BasicParams = BasicParams(), group: int | None = None,
     ``group``: problems advanced together. On a GPU all of them (one set of kernels for
     the whole batch); on the CPU one at a time by default, because there the work is
     memory-bound and a cache-sized problem runs fastest (measured: 80 planes batched
-    111 s vs one at a time 44 s on 2 cores); ``workers`` threads run CPU groups side by side.
+    44.2 s vs one at a time 22.3 s on 2 cores, bench/results/basic.json); ``workers`` threads run
+    CPU groups side by side.
     ``init_weights``: (B, N, ws, ws) outlier weights to start the reweighting from (default
     all ones); ``keep_weights``: return each problem's final weights (see ``fit_anchored``).
     """

@@ -171,7 +171,7 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
         for c in cycles:
             shapes[c] = check_headers(inventories[c], region, workers)
         exp.tile_shape, exp.dtype = shapes[cycles[0]]
-        for c, (shape, dtype) in shapes.items():
+        for c, (shape, _dtype) in shapes.items():
             if len(shape) != 2:
                 raise RawDataError(f"cycle {c}: tiles must be 2-D (Y, X) images, found shape {shape}")
         decon = config["deconvolution"]

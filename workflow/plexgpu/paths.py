@@ -1,4 +1,4 @@
-"""The output layout of design §4, relative to ``results_dir``: one place for the workflow's
+"""The output layout (the README's tables), relative to ``results_dir``: one place for the workflow's
 rules (rules/common.smk) and the CLI (``plexgpu status``) alike."""
 
 from __future__ import annotations

@@ -61,9 +61,11 @@ def _histogram_svg(series: dict[str, dict], width: int = 460, height: int = 170)
     """Log-count histograms on the shared log-intensity bins, one polyline per stage."""
     colours = ["#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a"]
     edges = np.log10(qc.HIST_EDGES)
-    x = lambda v: 40 + (v - edges[0]) / (edges[-1] - edges[0]) * (width - 50)
+    def x(v):
+        return 40 + (v - edges[0]) / (edges[-1] - edges[0]) * (width - 50)
     peak = max([max(np.log10(np.asarray(h["counts"]) + 1)) for h in series.values() if h] + [1.0])
-    y = lambda c: height - 25 - np.log10(c + 1) / peak * (height - 40)
+    def y(c):
+        return height - 25 - np.log10(c + 1) / peak * (height - 40)
     parts = [f"<svg width='{width}' height='{height}' xmlns='http://www.w3.org/2000/svg' font-size='11'>",
              f"<line x1='40' y1='{height - 25}' x2='{width - 10}' y2='{height - 25}' stroke='#888'/>"]
     for k in range(int(edges[0]), int(edges[-1]) + 1):
@@ -84,12 +86,14 @@ def _histogram_svg(series: dict[str, dict], width: int = 460, height: int = 170)
 def write_index(out_html: str, out_json: str, stitch: list[str], decon: list[str], edf_: list[str],
                 reg: str) -> None:
     """Collect every stage's metrics into qc/metrics.json and qc/index.html (pictures beside it)."""
-    load = lambda p: json.loads(Path(p).read_text())
+    def load(p):
+        return json.loads(Path(p).read_text())
     data = {"stitch": [load(p) for p in stitch], "deconvolve": [load(p) for p in decon],
             "edf": [load(p) for p in edf_], "registration": load(reg)}
     write_text_atomic(out_json, json.dumps(data, indent=1))
     here = Path(out_html).parent
-    rel = lambda p: Path(p).relative_to(here).as_posix()
+    def rel(p):
+        return Path(p).relative_to(here).as_posix()
     cycles = [m["cycle"] for m in data["stitch"]]
     reg_m = data["registration"]
     reg_reasons = {c: [r for r in reg_m["reasons"] if r.startswith(c + ":")] for c in cycles}
@@ -126,7 +130,8 @@ def write_index(out_html: str, out_json: str, stitch: list[str], decon: list[str
                      f"{_ncc_legend()}</figcaption></figure>")
         parts.append(f"<figure><img src='{rel(p_stitch.with_suffix('.shading.png'))}' width='460'><figcaption>"
                      "Flatfield (upper rows: one per channel) and darkfield (lower rows) per z-plane (columns)."
-                     f"{_scale('flatfield', *st['flat_colour_range'])}{_scale('darkfield (counts)', *st['dark_colour_range'], '.0f')}"
+                     + _scale("flatfield", *st["flat_colour_range"])
+                     + _scale("darkfield (counts)", *st["dark_colour_range"], ".0f") +
                      "</figcaption></figure>")
         parts.append(f"<figure><img src='{rel(Path(edf_[i]).with_suffix('.png'))}' width='460'><figcaption>"
                      "Per channel: EDF | focus map (plane of best focus)."

@@ -2,9 +2,10 @@
 reference-channel EDF to the reference cycle (whitened, windowed phase correlation,
 sub-pixel peak), applied to every channel of that cycle.
 
-The shift is applied at its sub-pixel value (cubic convolution). A peak below the reliability threshold (the extreme-value bound of a noise-only
-correlation surface) or an ambiguous one is an error naming the cycle: a cycle that
-cannot be registered is never copied unregistered.
+The shift is applied at its sub-pixel value (cubic convolution). A peak below the
+reliability threshold (the extreme-value bound of a noise-only correlation surface) or an
+ambiguous one is an error naming the cycle: a cycle that cannot be registered is never
+copied unregistered.
 """
 
 from __future__ import annotations

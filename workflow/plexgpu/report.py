@@ -180,7 +180,8 @@ def report_card(allocs: list[Allocation]) -> list[dict]:
     """Per rule: what was used against what was asked for, with advice and its numbers."""
     cards = []
     for rule, items in _group_by(allocs, "rule"):
-        mean = lambda vals: sum(vals) / len(vals) if vals else None
+        def mean(vals):
+            return sum(vals) / len(vals) if vals else None
         util = mean([a.util_mean for a in items if a.util_mean is not None])
         mem = mean([a.mem_peak_pct for a in items if a.mem_peak_pct is not None])
         cpu = mean([a.cpu_eff for a in items if a.cpu_eff is not None])

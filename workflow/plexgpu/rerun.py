@@ -199,7 +199,8 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
     if loose:
         echo(f"plexgpu rerun: refused: job(s) {', '.join(j['JobID'] for j in loose)} in squeue were started from "
              f"{workdir} without a run prefix (named {prefix}_<uuid>), so plexgpu cannot tell which data set they "
-             f"belong to and they could race the rerun; if they are this run's: scancel {' '.join(j['JobID'] for j in loose)}")
+             f"belong to and they could race the rerun; if they are this run's: "
+             f"scancel {' '.join(j['JobID'] for j in loose)}")
         return 3
     before = status(results_dir, workdir, cycles, channels, run)
     stale = cancel(run, workdir) if slurm.available() else []

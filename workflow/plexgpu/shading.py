@@ -95,7 +95,7 @@ def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin:
     yy, xx = np.mgrid[0:hs, 0:wsx].astype(np.float64)
     inner = (yy >= 1) & (yy <= hs - 2) & (xx >= 1) & (xx <= wsx - 2)   # the outermost working px averages
     where = []                                                          # across the tile's border
-    for a, b, (dy, dx) in pairs:
+    for _a, _b, (dy, dx) in pairs:
         yb, xb = yy - dy * scale[0], xx - dx * scale[1]
         inside = inner & (yb >= 1) & (yb <= hs - 2) & (xb >= 1) & (xb <= wsx - 2)
         where.append(np.flatnonzero(inside))
@@ -116,7 +116,8 @@ def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin:
 
 
 def _design(s: np.ndarray, shape, degree: int):
-    norm = lambda v, n: 2 * v / (n - 1) - 1
+    def norm(v, n):
+        return 2 * v / (n - 1) - 1
     ya, xa, yb, xb, ca, cb, pair = s
     A = _basis(norm(ya, shape[0]), norm(xa, shape[1]), degree) - _basis(norm(yb, shape[0]), norm(xb, shape[1]), degree)
     r = np.log(ca) - np.log(cb)
@@ -248,7 +249,8 @@ def estimate_offset(envelope: np.ndarray, flat: np.ndarray) -> Offset:
     h, w = envelope.shape
     fy, fx = max(1, h // GRID), max(1, w // GRID)
     gy, gx = h // fy, w // fx
-    blocks = lambda a: a[:gy * fy, :gx * fx].reshape(gy, fy, gx, fx).mean(axis=(1, 3))
+    def blocks(a):
+        return a[:gy * fy, :gx * fx].reshape(gy, fy, gx, fx).mean(axis=(1, 3))
     L, F = blocks(envelope.astype(np.float64)), blocks(flat.astype(np.float64))
     yy, xx = np.mgrid[0:gy, 0:gx] / np.array([max(gy - 1, 1), max(gx - 1, 1)])[:, None, None]
     A = np.stack([np.ones(L.size), yy.ravel(), xx.ravel(), F.ravel()], 1)

@@ -97,7 +97,8 @@ def partition_limits(partition: str) -> dict | None:
     rows = [line.split("|") for line in res.stdout.splitlines() if line.count("|") == 3] if res.returncode == 0 else []
     if not rows:
         return None
-    gpus = lambda g: max([int(m) for m in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", g)] or [0])
+    def gpus(g):
+        return max([int(m) for m in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", g)] or [0])
     return {"cpus": max(int(r[0].rstrip("+")) for r in rows), "mem_mb": max(int(r[1].rstrip("+")) for r in rows),
             "gpus": max(gpus(r[2]) for r in rows), "time_min": _minutes(rows[0][3])}
 

@@ -169,7 +169,8 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
 
 def _shading_record(sh) -> dict:
     r = sh.refinement
-    finite = lambda v: v if v == v else None          # NaN (not refined) is null in JSON
+    def finite(v):
+        return v if v == v else None          # NaN (not refined) is null in JSON
     return {"offset": sh.offset, "offset_mean": float(sh.darkfield.mean()), "offset_uncertain": sh.offset_uncertain,
             "light_floor": sh.light_floor, "refined": r.degree is not None, "degree": r.degree,
             "additive": r.additive, "overlap_samples": r.samples, "seam_before": finite(r.seam_before),

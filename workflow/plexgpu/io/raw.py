@@ -1,6 +1,6 @@
 """Discovery of raw CODEX / PhenoCycler-Keyence cycles, read-only.
 
-Layout (design §2)::
+Layout (README "Raw data")::
 
     <raw_dir>/cyc001_reg001[_<date>_<time>]/1_00001_Z001_CH1.tif
 
