@@ -72,3 +72,22 @@ def test_cli_validate_exit_2_one_line(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "basic.max_iteration" in res.stderr
+
+
+def test_library_defaults_are_the_schemas(small_synth):
+    """The schema is the one place for defaults: every keyword default the library keeps for direct
+    callers (BasicParams, the EDF's radius and sigma, the PSF model) equals the schema's default for
+    that config key."""
+    import dataclasses
+    import inspect
+
+    from plexgpu import basic, edf, psf
+    from plexgpu.config import validate_config
+
+    cfg = validate_config({"raw_dir": str(small_synth[0])})
+    for f in dataclasses.fields(basic.BasicParams):
+        assert f.default == cfg["basic"][f.name], f"BasicParams.{f.name}"
+    sig = inspect.signature(edf.extended_depth_of_field).parameters
+    assert (sig["radius"].default, sig["sigma"].default) == (cfg["edf"]["radius"], cfg["edf"]["sigma"])
+    model = {f.name: f.default for f in dataclasses.fields(psf.Optics)}["model"]
+    assert model == cfg["deconvolution"]["psf_model"]

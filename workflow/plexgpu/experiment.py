@@ -50,10 +50,6 @@ class Experiment:
     def n_tiles(self) -> int:
         return self.rows * self.cols
 
-    @property
-    def layout(self) -> list[tuple[int, int]]:
-        return grid_layout(self.rows, self.cols, self.order)
-
     def marker_names(self, cycle: int) -> list[str]:
         return [self.markers[(cycle, ch)] for ch in self.channels]
 
