@@ -28,6 +28,6 @@ include: "rules/qc.smk"
 
 onerror:
     # one summary of what is not done and the next step, instead of "look above for error messages"
-    from plexgpu.rerun import next_steps
+    from plexgpu.cluster.rerun import next_steps
 
     print(next_steps(R, CYCLES, CHANNELS, workflow.configfiles), file=sys.stderr)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 from common import peak_rss_mb, timer, write_result
 
-from plexgpu import basic
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image import basic
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--planes", type=int, default=80)

@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 from common import HERE, write_result
 
-from plexgpu.accounting import load_records
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.cluster.accounting import load_records
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tile", type=int, default=512)

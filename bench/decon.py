@@ -18,7 +18,7 @@ from common import peak_rss_mb, timer, write_result
 from scipy.signal import fftconvolve
 from skimage.restoration import richardson_lucy
 
-from plexgpu import deconvolution, psf
+from plexgpu.image import deconvolution, psf
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--z", type=int, default=20)

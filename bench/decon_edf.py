@@ -20,8 +20,8 @@ import numpy as np
 from common import peak_rss_mb, timer, write_result
 from scipy import ndimage
 
-from plexgpu import deconvolution, edf, psf
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image import deconvolution, edf, psf
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--z", type=int, default=9)

@@ -8,8 +8,8 @@ import argparse
 import numpy as np
 from common import peak_rss_mb, timer, write_result
 
-from plexgpu import edf
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image import edf
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--z", type=int, default=20)

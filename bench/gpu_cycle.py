@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
 import numpy as np  # noqa: E402
 
-from plexgpu import basic, deconvolution, edf, psf, stitching  # noqa: E402
+from plexgpu.image import basic, deconvolution, edf, psf, stitching  # noqa: E402
 from plexgpu import xp as xpmod  # noqa: E402
 from plexgpu.io.raw import grid_layout  # noqa: E402
 

@@ -17,9 +17,9 @@ from common import HERE, timer, write_result
 from scipy import ndimage
 from skimage.registration import phase_cross_correlation
 
-from plexgpu import edf, registration
+from plexgpu.image import edf, registration
 from plexgpu.io.tiff import read_tiff
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 REAL = HERE.parent.parent / "shared" / "realdata"
 

@@ -6,9 +6,9 @@ import numpy as np
 from common import peak_rss_mb, timer, write_result
 from skimage.registration import phase_cross_correlation
 
-from plexgpu import stitching
+from plexgpu.image import stitching
 from plexgpu.io.raw import grid_layout
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 spec = SynthSpec(cycles=1, rows=9, cols=7, tile=(256, 256), z_planes=3, channels=1, seed=8, jitter_px=3.0,
                  rotation_deg=0.5)

@@ -32,7 +32,7 @@ from plexgpu.experiment import cycle_spec, resolve_experiment
 from plexgpu.io.raw import grid_layout
 from plexgpu.io.tiff import read_tiff
 from plexgpu.job import job_context
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 BASE = dict(cycles=1, rows=5, cols=6, tile=(128, 160), overlap=0.2, z_planes=5, channels=2, jitter_px=3.0,
             rotation_deg=0.5, vignetting=0.55, dark_offset=100.0, seed=11)

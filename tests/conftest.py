@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plexgpu import xp as xpmod
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

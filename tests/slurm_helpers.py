@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO
-from plexgpu.rerun import profile_prefix, run_prefix
-from plexgpu.slurm import parse_comment, sacct_jobs
+from plexgpu.cluster.rerun import profile_prefix, run_prefix
+from plexgpu.cluster.slurm import parse_comment, sacct_jobs
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
             {"name": "maigan", "gpu_slots": 2, "partition": "hpg-b200"}]

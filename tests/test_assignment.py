@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plexgpu.assignment import (AssignmentError, build_cycle_assignment, check_known_accounts,
+from plexgpu.cluster.assignment import (AssignmentError, build_cycle_assignment, check_known_accounts,
                                 registration_slot, total_slots)
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
@@ -54,7 +54,7 @@ def test_plan_prints_table_total_and_command(tmp_path, small_synth):
     assert res.returncode == 0, res.stderr
     assert "cyc003" in res.stdout and "clive" in res.stdout and "maigan" in res.stdout
     last = res.stdout.strip().splitlines()[-1]
-    from plexgpu.rerun import run_prefix
+    from plexgpu.cluster.rerun import run_prefix
 
     run = run_prefix("plexgpu", Path("results"), Path.cwd())       # results_dir default, relative to here
     assert last == f"snakemake registration --configfile {cfg} --profile profiles/slurm --slurm-jobname-prefix {run} -j 5"

@@ -90,7 +90,7 @@ def test_disk_full_while_writing_a_stack_is_one_line_and_leaves_no_part(tmp_path
 
 
 def test_disk_full_in_a_job_is_one_line_and_an_accounting_record(tmp_path):
-    from plexgpu.accounting import load_records
+    from plexgpu.cluster.accounting import load_records
     from plexgpu.job import job_context
 
     def fill(path):
@@ -270,7 +270,7 @@ def test_nothing_written_when_validate_refuses(tmp_path):
 
 def test_gpu_slots_auto_without_a_slurm_limit_is_one_line(monkeypatch, small_synth):
     """gpu_slots: auto where SLURM cannot be asked (or sets no GPU limit): one line naming the key."""
-    from plexgpu import slurm
+    from plexgpu.cluster import slurm
     from plexgpu.config import ConfigError, validate_config
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: None)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from plexgpu import basic
+from plexgpu.image import basic
 from plexgpu import xp as xpmod
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 
 def _noisy_tiles(ds, cycle, ch, z, seed=0):

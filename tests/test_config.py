@@ -81,7 +81,7 @@ def test_library_defaults_are_the_schemas(small_synth):
     import dataclasses
     import inspect
 
-    from plexgpu import basic, edf, psf
+    from plexgpu.image import basic, edf, psf
     from plexgpu.config import validate_config
 
     cfg = validate_config({"raw_dir": str(small_synth[0])})

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.signal import fftconvolve
 
-from plexgpu import deconvolution as dc
-from plexgpu import psf
+from plexgpu.image import deconvolution as dc
+from plexgpu.image import psf
 from plexgpu import xp as xpmod
 
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from plexgpu import edf, registration
+from plexgpu.image import edf, registration
 from plexgpu import xp as xpmod
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 
 @pytest.fixture(scope="module")

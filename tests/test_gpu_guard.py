@@ -8,7 +8,7 @@ import json
 import pytest
 
 from plexgpu import xp as xpmod
-from plexgpu.gpu import GPUUnavailable, require_gpu
+from plexgpu.cluster.gpu import GPUUnavailable, require_gpu
 from plexgpu.job import job_context
 
 pytestmark = pytest.mark.skipif(xpmod.cupy_available(), reason="a usable GPU is present: the guard passes here")

@@ -12,12 +12,14 @@ import re
 import numpy as np
 import pytest
 
-from plexgpu import basic, stages, stitching
+from plexgpu.image import basic, stitching
+
+from plexgpu import stages
 from plexgpu.experiment import CycleSpec
 from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import read_tiff
 from plexgpu.job import job_context
-from plexgpu.phasecorr import ncc
+from plexgpu.image.phasecorr import ncc
 
 ROWS, COLS, ORDER = 7, 9, "snake-rows-top-right"
 

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from plexgpu import report
-from plexgpu.accounting import JobRecorder, load_records
+from plexgpu.cluster import report
+from plexgpu.cluster.accounting import JobRecorder, load_records
 
 
 def _record(folder, rule, cycle, job, model=None, mig=None, elapsed=3600.0, gpus=1, util=80.0, mem=60.0,

@@ -16,10 +16,10 @@ import pytest
 
 from conftest import REPO
 from slurm_helpers import TEST_FLAGS, records, run_of, snakemake_cmd, profile_with_prefix, ts, write_config
-from plexgpu.synth import SynthDataset, SynthSpec
-from plexgpu import report
-from plexgpu.rerun import run_prefix
-from plexgpu.slurm import gres_gpus, parse_elapsed, squeue_jobs
+from plexgpu.image.synth import SynthDataset, SynthSpec
+from plexgpu.cluster import report
+from plexgpu.cluster.rerun import run_prefix
+from plexgpu.cluster.slurm import gres_gpus, parse_elapsed, squeue_jobs
 
 pytestmark = pytest.mark.slurm
 CYCLES = [f"cyc{c:03d}" for c in range(1, 5)]

@@ -177,7 +177,8 @@ def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path)
     """One stage registry (paths.PIPELINE): a stage inserted there (say background subtraction after
     stitch) is a GPU stage with its rank for the scheduler, a row of `plexgpu status`, a line of a
     failed run's summary and a stage of stage_files -- with no other list to edit."""
-    from plexgpu import paths, rerun
+    from plexgpu import paths
+    from plexgpu.cluster import rerun
 
     new = paths.Stage("background", ("background/{cycle}/CH{ch}.ome.tif",))
     monkeypatch.setattr(paths, "PIPELINE", paths.PIPELINE[:1] + (new,) + paths.PIPELINE[1:])

@@ -1,5 +1,5 @@
 """A plane's shading from what the tiles show twice: the flatfield refined on the tile overlaps,
-the camera offset under the dimmest tiles (``plexgpu.shading``), on synthetic truth in regimes
+the camera offset under the dimmest tiles (``plexgpu.image.shading``), on synthetic truth in regimes
 where BaSiC's statistics alone fail: few tiles, a dense stain with no empty pixels, tissue edges."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plexgpu import basic, shading
+from plexgpu.image import basic, shading
 from plexgpu.io.raw import RawDataError, grid_layout
 from plexgpu.io.tiff import write_tiff
-from plexgpu.stitching import neighbour_pairs
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.stitching import neighbour_pairs
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 BASE = dict(cycles=1, rows=5, cols=6, tile=(128, 160), overlap=0.2, z_planes=3, channels=1, jitter_px=3.0,
             rotation_deg=0.5, vignetting=0.55, dark_offset=100.0, seed=11)

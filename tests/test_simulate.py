@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from plexgpu.simulate import simulate
+from plexgpu.cluster.simulate import simulate
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3}, {"name": "maigan", "gpu_slots": 2}]
 

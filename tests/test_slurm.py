@@ -16,10 +16,10 @@ import pytest
 
 from conftest import REPO
 from slurm_helpers import ACCOUNTS, max_concurrent, records, snakemake_on_slurm, ts, write_config
-from plexgpu import report
-from plexgpu.assignment import build_cycle_assignment
-from plexgpu.slurm import parse_elapsed
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.cluster import report
+from plexgpu.cluster.assignment import build_cycle_assignment
+from plexgpu.cluster.slurm import parse_elapsed
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 pytestmark = pytest.mark.slurm
 
@@ -115,7 +115,7 @@ def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, 
     plan shows config, limit, in use and free, warns where the config exceeds the limit and where a
     request does not fit the partition's nodes, and prints -j = free slots."""
     from plexgpu.config import validate_config
-    from plexgpu.slurm import gpu_limit
+    from plexgpu.cluster.slurm import gpu_limit
 
     assert gpu_limit("clive") == (3, "association clive GrpTRES")
     qos = f"plexgpu{uuid.uuid4().hex[:6]}"

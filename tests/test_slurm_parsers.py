@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from plexgpu import slurm
+from plexgpu.cluster import slurm
 
 
 @pytest.fixture

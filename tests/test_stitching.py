@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from plexgpu import stitching
+from plexgpu.image import stitching
 from plexgpu import xp as xpmod
 from plexgpu.io.raw import grid_layout
-from plexgpu.phasecorr import phase_correlation
-from plexgpu.subpixel import shift_fraction
-from plexgpu.synth import SynthDataset, SynthSpec
+from plexgpu.image.phasecorr import phase_correlation
+from plexgpu.image.subpixel import shift_fraction
+from plexgpu.image.synth import SynthDataset, SynthSpec
 
 
 def _corrected_tiles(ds, xp, ch=1, z=2, seed=0):

@@ -8,7 +8,7 @@ import pytest
 
 from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import read_tiff
-from plexgpu.synth import SynthDataset, SynthSpec, load_truth
+from plexgpu.image.synth import SynthDataset, SynthSpec, load_truth
 
 
 def _digest(folder):
@@ -58,7 +58,7 @@ def test_whole_pixel_tiles_are_crops_of_the_stack():
 def test_subpixel_jitter_and_camera_rotation_are_in_the_truth():
     """Neighbouring tiles overlap where the truth positions (camera axes) say, to a few hundredths
     of a pixel, with Gaussian stage jitter, sub-pixel cycle shifts and a camera turned by 1 degree."""
-    from plexgpu.phasecorr import phase_correlation
+    from plexgpu.image.phasecorr import phase_correlation
 
     spec = SynthSpec(cycles=2, rows=2, cols=2, tile=(128, 128), z_planes=3, channels=1, seed=3, jitter_px=2.0,
                      rotation_deg=1.0, overlap=0.25, tissue_fraction=1.0)
@@ -110,7 +110,7 @@ def test_sheet_between_planes_is_imaged_at_its_own_defocus():
     in both, and not half in focus plus half at 1.5 µm (two half-sheets on the recorded planes)."""
     from scipy import signal
 
-    from plexgpu.synth import DEPTH_LEVELS, image_sheet
+    from plexgpu.image.synth import DEPTH_LEVELS, image_sheet
 
     ds = SynthDataset(SynthSpec(cycles=1, rows=1, cols=1, tile=(96, 96), z_planes=4, channels=1, seed=4))
     sharp = ds.specimen(1, 1)
@@ -141,7 +141,7 @@ def test_sheet_between_planes_is_imaged_at_its_own_defocus():
 
 
 def test_thick_slab_keeps_the_light_and_is_hazier_than_a_sheet():
-    from plexgpu.synth import image_sheet
+    from plexgpu.image.synth import image_sheet
 
     ds = SynthDataset(SynthSpec(cycles=1, rows=1, cols=1, tile=(96, 96), z_planes=7, channels=1, seed=4))
     sharp, fine = ds.specimen(1, 1), ds.fine_psf(1)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from plexgpu import deconvolution as dc
+from plexgpu.image import deconvolution as dc
 from plexgpu.io.tiff import StackReader, TiffReadError, ome_writer, read_tiff, write_ome
 
 

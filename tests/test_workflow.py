@@ -19,7 +19,7 @@ from scipy import ndimage
 from conftest import REPO
 from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import atomic_path, read_tiff
-from plexgpu.synth import SynthDataset, SynthSpec, load_truth
+from plexgpu.image.synth import SynthDataset, SynthSpec, load_truth
 from workflow_api import plan, run
 
 

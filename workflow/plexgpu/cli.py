@@ -36,7 +36,7 @@ def _pair(value: str, option: str) -> tuple[int, int]:
 
 
 def cmd_synth(args) -> int:
-    from .synth import SynthDataset, SynthSpec
+    from .image.synth import SynthDataset, SynthSpec
 
     rows, cols = _pair(args.grid, "--grid")
     th, tw = _pair(args.tile, "--tile")
@@ -111,7 +111,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def cmd_simulate(args, config) -> int:
-    from .simulate import simulate
+    from .cluster.simulate import simulate
 
     if args.cycles is None:
         from .experiment import resolve_experiment
@@ -130,11 +130,11 @@ def cmd_simulate(args, config) -> int:
 def cmd_plan(args) -> int:
     from rich.table import Table
 
-    from .assignment import (build_cycle_assignment, check_known_accounts, registration_slot,
+    from .cluster.assignment import (build_cycle_assignment, check_known_accounts, registration_slot,
                              total_slots)
     from .config import load_config
     from .experiment import resolve_experiment
-    from .slurm import gpu_limit, gpus_in_use, user_accounts
+    from .cluster.slurm import gpu_limit, gpus_in_use, user_accounts
 
     config = load_config(args.configfile)
     if args.simulate:
@@ -188,7 +188,7 @@ def cmd_plan(args) -> int:
     if config["compute"]["device"] != "gpu":
         console.print("[yellow]compute.device = cpu: jobs hold GPUs but compute on the CPU (testing only)[/]")
     from .config import REPO_ROOT
-    from .rerun import profile_prefix, run_prefix
+    from .cluster.rerun import profile_prefix, run_prefix
 
     run = run_prefix(profile_prefix(REPO_ROOT / "profiles" / "slurm"), exp.results_dir, Path.cwd())
     print(snakemake_command(args.configfile, args.target, jobs, run))
@@ -204,7 +204,7 @@ def request_warnings(config: dict) -> list[str]:
     one GPU per job; and compute.device = gpu where CuPy does not import here."""
     import importlib.util
 
-    from .slurm import partition_limits
+    from .cluster.slurm import partition_limits
 
     out = []
     for a in config["accounts"]:
@@ -230,7 +230,7 @@ def request_warnings(config: dict) -> list[str]:
 
 
 def cmd_verify_gpu(args) -> int:
-    from .gpu import GPUUnavailable, require_gpu
+    from .cluster.gpu import GPUUnavailable, require_gpu
 
     try:
         facts = require_gpu()
@@ -244,8 +244,8 @@ def cmd_verify_gpu(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import usage_statements, write_report
-    from .rerun import profile_prefix, run_prefix
+    from .cluster.report import usage_statements, write_report
+    from .cluster.rerun import profile_prefix, run_prefix
 
     config, exp, workdir, profile = _run_context(args)
     run = run_prefix(profile_prefix(profile), exp.results_dir, workdir)
@@ -272,7 +272,7 @@ def _run_context(args):
 def cmd_status(args) -> int:
     from rich.table import Table
 
-    from .rerun import profile_prefix, run_prefix, status
+    from .cluster.rerun import profile_prefix, run_prefix, status
 
     config, exp, workdir, profile = _run_context(args)
     run = run_prefix(profile_prefix(profile), exp.results_dir, workdir)
@@ -289,8 +289,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from .rerun import cancel, profile_prefix, run_prefix, unattributed_jobs
-    from .slurm import parse_comment
+    from .cluster.rerun import cancel, profile_prefix, run_prefix, unattributed_jobs
+    from .cluster.slurm import parse_comment
 
     _, exp, workdir, profile = _run_context(args)
     prefix = profile_prefix(profile)
@@ -308,8 +308,8 @@ def cmd_cancel(args) -> int:
 
 
 def cmd_rerun(args) -> int:
-    from .assignment import total_slots
-    from .rerun import rerun
+    from .cluster.assignment import total_slots
+    from .cluster.rerun import rerun
 
     config, exp, workdir, profile = _run_context(args)
     jobs = total_slots(config["accounts"]) if config["accounts"] else 1
@@ -383,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .assignment import AssignmentError
+    from .cluster.assignment import AssignmentError
     from .config import ConfigError
     from .io.raw import RawDataError
     from .io.tiff import TiffReadError

@@ -85,7 +85,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _resolve_auto_slots(accounts: list[dict]) -> None:
     """gpu_slots: auto -> SLURM's GPU limit for this user on that account (its origin in ``gpu_slots_from``)."""
-    from .slurm import gpu_limit
+    from .cluster.slurm import gpu_limit
 
     for i, a in enumerate(accounts):
         if a["gpu_slots"] != "auto":

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .edf import MIN_PLANES
+from .image.edf import MIN_PLANES
 from .io.metadata import read_experiment_json, read_marker_file
 from .io.raw import (CycleInventory, RawDataError, check_headers, cycle_key, grid_layout,
                      inventory_cycle, select_cycle_dirs)
@@ -173,7 +173,7 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
         decon = config["deconvolution"]
         files = decon.get("psf_file")
         for ch in exp.channels if files else []:       # a measured PSF: readable, a z-stack, with its voxel size
-            from . import psf
+            from .image import psf
 
             path = psf.file_for(decon, ch)
             if path is None:
@@ -185,7 +185,7 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
                 raise RawDataError(str(exc)) from None
         dark = config["basic"].get("darkfield", True)
         if isinstance(dark, str):                 # a dark frame: readable and of the tiles' shape, before any job
-            from .basic import known_offset
+            from .image.basic import known_offset
 
             known_offset(dark, exp.tile_shape, config["basic"]["working_size"])
     return exp

@@ -97,12 +97,12 @@ def _job(rule, resources, device, accounting_dir, cycle, handlers):
     workers = workers_from_resources(resources)
     recorder = None
     if accounting_dir:
-        from .accounting import JobRecorder
+        from .cluster.accounting import JobRecorder
 
         recorder = JobRecorder(rule, cycle, Path(accounting_dir), device, requested=_requested(resources))
     facts = None
     if device == "gpu":
-        from .gpu import GPUUnavailable, require_gpu
+        from .cluster.gpu import GPUUnavailable, require_gpu
 
         try:
             facts = require_gpu().as_dict()

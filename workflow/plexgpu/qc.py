@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import edf
+from .image import edf
 from .io.tiff import StackReader, atomic_path, read_tiff, write_text_atomic
 
 THUMB_PX = 900                    # longest side of a mosaic picture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import basic, deconvolution, edf, psf, registration, shading, stitching
+from .image import basic, deconvolution, edf, psf, registration, shading, stitching
 from . import xp as xpmod
 from .experiment import CycleSpec
 from .io.raw import RawDataError

@@ -2,7 +2,7 @@
 
 Every algorithm takes arrays and asks this module for the matching namespaces, so
 the same code runs on NumPy in CI and on CuPy on a GPU. Apart from the GPU guard
-(gpu.py), no other module imports cupy. cupyx submodules are imported lazily: some
+(cluster/gpu.py), no other module imports cupy. cupyx submodules are imported lazily: some
 fail to import without a GPU (missing libcublasLt), and a CPU run must never touch them.
 
 A device namespace other than CuPy -- the tests' strict stand-in (tests/strict_device.py),

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import yaml
 
-from . import paths, slurm
-from .config import REPO_ROOT
+from .. import paths
+
+from . import slurm
+from ..config import REPO_ROOT
 
 def profile_prefix(profile: str | Path) -> str:
     cfg = Path(profile) / "config.v8+.yaml"

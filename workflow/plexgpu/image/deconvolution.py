@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import xp as xpmod
+from .. import xp as xpmod
 
 EPS = 1e-12
 RL_BUFFERS = 6           # padded float32-sized arrays alive during an RL iteration (data, estimate,

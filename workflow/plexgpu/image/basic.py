@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import xp as xpmod
+from .. import xp as xpmod
 
 EPSILON = 0.1            # reweighting regulariser
 REWEIGHT_TOL = 1e-2      # outer loop stops when the flatfield changes less than this (relative L1)
@@ -59,8 +59,8 @@ class BasicParams:
 def known_offset(setting, tile_shape: tuple[int, int], working_size: int):
     """``basic.darkfield`` where the user states the offset: (full-size, working-size) float32 images
     of a camera offset (a number) or a dark frame (a TIFF path); None where it is fitted or off."""
-    from .io.raw import RawDataError
-    from .io.tiff import read_tiff
+    from ..io.raw import RawDataError
+    from ..io.tiff import read_tiff
 
     if isinstance(setting, bool) or setting is None:
         return None

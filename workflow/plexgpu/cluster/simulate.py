@@ -11,7 +11,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from .assignment import build_cycle_assignment
-from .paths import cycle_stages
+from ..paths import cycle_stages
 
 STAGES = cycle_stages()                 # the per-cycle chain of the stage registry (paths.PIPELINE)
 

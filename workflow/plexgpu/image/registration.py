@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import xp as xpmod
+from .. import xp as xpmod
 from .phasecorr import phase_correlation
 from .subpixel import shift_image
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import xp as xpmod
+from .. import xp as xpmod
 
 EXCLUDE = 3              # half width of the peak neighbourhood left out of the noise estimate
 SIGNIFICANCE_MARGIN = 3.0

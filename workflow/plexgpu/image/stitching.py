@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import xp as xpmod
+from .. import xp as xpmod
 from .phasecorr import ncc, noise_threshold, phase_correlation
 from .subpixel import shift_fraction
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .io.tiff import write_text_atomic
+from ..io.tiff import write_text_atomic
 
 SAMPLE_SECONDS = 1.0
 MIG_PROFILE = re.compile(r"(\d+g\.\d+gb)")

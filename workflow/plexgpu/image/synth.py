@@ -8,7 +8,7 @@ tiles x z-planes x channels:
   nuclei (sparse markers where ``sparse_fraction`` is small);
 * depth: the specimen is a thin sheet at an in-focus depth that varies smoothly
   across the field, between recorded planes; the z-stack is that sheet imaged through
-  the widefield PSF of the optics at each pixel's own defocus (``plexgpu.psf``, the
+  the widefield PSF of the optics at each pixel's own defocus (``plexgpu.image.psf``, the
   same model deconvolution uses), so defocus blur is physical;
 * acquisition: true stage positions = nominal grid + Gaussian jitter (sub-pixel); each
   cycle's specimen shifted by a sub-pixel offset; the camera may be rotated to the stage
@@ -31,8 +31,8 @@ from scipy import fft as sp_fft
 from scipy import ndimage, signal
 
 from . import psf as psfmod
-from .io.raw import grid_layout, tile_filename
-from .io.tiff import write_text_atomic, write_tiff
+from ..io.raw import grid_layout, tile_filename
+from ..io.tiff import write_text_atomic, write_tiff
 
 DEPTH_LEVELS = 8   # depth levels per z step the specimen is placed on (EDF fidelity: 16 gives the same to 1e-5)
 
@@ -244,7 +244,7 @@ class SynthDataset:
         return self.frame(cycle, self.depth)
 
     def optics(self, channel: int) -> psfmod.Optics:
-        from .experiment import DEFAULT_EMISSION_NM
+        from ..experiment import DEFAULT_EMISSION_NM
 
         sp = self.spec
         return psfmod.Optics(pixel_size_um=sp.pixel_size_um, z_step_um=sp.z_step_um, na=sp.na,

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from . import xp as xpmod
+from .. import xp as xpmod
 
 
 def _keys(x: np.ndarray) -> np.ndarray:

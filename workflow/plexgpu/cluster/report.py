@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .accounting import load_records
-from .io.tiff import write_text_atomic
+from ..io.tiff import write_text_atomic
 from .slurm import gres_gpus, parse_comment, parse_elapsed, parse_rss, sacct_by_ids, sacct_jobs
 
 UTIL_LOW_PCT = 50

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import xp as xpmod
+from .. import xp as xpmod
 
 MAX_SATURATED_FRACTION = 0.05
 MIN_PLANES = 3
