@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # start_cluster.sh (plexgpu test copy of ../shared/slurm) - start a REAL single-node SLURM cluster on Debian 12 (bookworm)
 # as root, without systemd as PID 1 (container/VM sandbox), with:
-#   * slurmctld + slurmd (22.05.x from Debian), munge auth
+#   * slurmctld + slurmd (22.05.x from Debian), munge auth; ProctrackType=proctrack/pgid: a job's processes
+#     that were re-parented to init (a double fork) still carry its process group and die with scancel;
+#     proctrack/linuxproc follows parent links only and lets them live on (measured: tests/slurm/README.md)
 #   * 1 node = $(hostname -s), fake CPUs/memory, 4 fake GPUs (gres/gpu, /dev/null-like char devices)
 #   * partitions hpg-turin (default, "cpu") and hpg-b200 ("gpu")
 #   * slurmdbd + MariaDB accounting (WITH_DBD=1, default): accounts clive (GrpTRES gres/gpu=3)
@@ -135,7 +137,7 @@ SlurmdPort=6818
 MailProg=/bin/true
 MpiDefault=none
 SwitchType=switch/none
-ProctrackType=proctrack/linuxproc
+ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
