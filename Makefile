@@ -30,9 +30,11 @@ demo: $(STAMP)
 	@echo "  QC report:                                        demo/results/qc/index.html"
 	@echo "  logs:                                             demo/results/logs/"
 
-# lint first (ruff, config in pyproject.toml; `snakemake --lint` runs in tests/test_workflow.py)
+# lint first: ruff (config in pyproject.toml) and snakefmt on the rules; `snakemake --lint` runs in
+# tests/test_workflow.py
 lint: $(STAMP)
 	$(BIN)/ruff check
+	$(BIN)/snakefmt --check --line-length 110 Snakefile rules/
 
 test: lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest

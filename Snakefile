@@ -15,10 +15,10 @@ include: "rules/common.smk"
 
 
 rule all:
+    default_target: True
     input:
         REGISTRATION_OUTPUTS,
         QC_INDEX,
-    default_target: True
 
 
 include: "rules/cycle.smk"

@@ -8,8 +8,12 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))  # the library, ins
 
 from snakemake.exceptions import WorkflowError
 
-from plexgpu.cluster.assignment import (AssignmentError, build_cycle_assignment, check_known_accounts,
-                                registration_slot)
+from plexgpu.cluster.assignment import (
+    AssignmentError,
+    build_cycle_assignment,
+    check_known_accounts,
+    registration_slot,
+)
 from plexgpu import paths
 from plexgpu.config import ConfigError, validate_config
 from plexgpu.experiment import cycle_spec, resolve_experiment

@@ -11,19 +11,19 @@ rule stitch:
         positions=f"{R}/{paths.POSITIONS}",
         pairs=f"{R}/{paths.PAIRS}",
         planes=f"{R}/{paths.PLANES}",
+    log:
+        f"{R}/logs/stitch/{{cycle}}.log",
+    conda:
+        "../envs/plexgpu.yaml"
+    threads: res("stitch", "cpus_per_task")
+    resources:
+        **rule_resources("stitch"),
     params:
         spec=lambda wc: SPECS[wc.cycle],
         basic=config["basic"],
         stitch=config["stitch"],
         device=DEVICE,
         accounting=ACCOUNTING,
-    threads: res("stitch", "cpus_per_task")
-    resources:
-        **rule_resources("stitch"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/stitch/{{cycle}}.log",
     script:
         "../scripts/stitch.py"
 
@@ -34,19 +34,19 @@ rule deconvolve:
         psf=psf_files,
     output:
         deconvolved=per_channel(DECONVOLVED),
+    log:
+        f"{R}/logs/deconvolve/{{cycle}}.log",
+    conda:
+        "../envs/plexgpu.yaml"
+    threads: res("deconvolve", "cpus_per_task")
+    resources:
+        **rule_resources("deconvolve"),
     params:
         spec=lambda wc: SPECS[wc.cycle],
         optics=config["optics"],
         deconvolution=config["deconvolution"],
         device=DEVICE,
         accounting=ACCOUNTING,
-    threads: res("deconvolve", "cpus_per_task")
-    resources:
-        **rule_resources("deconvolve"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/deconvolve/{{cycle}}.log",
     script:
         "../scripts/deconvolve.py"
 
@@ -60,17 +60,17 @@ rule edf:
         edf=per_channel(EDF),
         edf_deconvolved=per_channel(EDF_DECONVOLVED),
         focus=per_channel(FOCUS),
+    log:
+        f"{R}/logs/edf/{{cycle}}.log",
+    conda:
+        "../envs/plexgpu.yaml"
+    threads: res("edf", "cpus_per_task")
+    resources:
+        **rule_resources("edf"),
     params:
         spec=lambda wc: SPECS[wc.cycle],
         edf=config["edf"],
         device=DEVICE,
         accounting=ACCOUNTING,
-    threads: res("edf", "cpus_per_task")
-    resources:
-        **rule_resources("edf"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/edf/{{cycle}}.log",
     script:
         "../scripts/edf.py"

@@ -12,13 +12,13 @@ rule qc_stitch:
         png=f"{R}/qc/stitch/{{cycle}}.png",
         shading=f"{R}/qc/stitch/{{cycle}}.shading.png",
         metrics=f"{R}/qc/stitch/{{cycle}}.json",
+    log:
+        f"{R}/logs/qc_stitch/{{cycle}}.log",
+    conda:
+        "../envs/plexgpu.yaml"
     threads: res("qc", "cpus_per_task")
     resources:
         **rule_resources("qc"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/qc_stitch/{{cycle}}.log",
     script:
         "../scripts/qc_stitch.py"
 
@@ -30,13 +30,13 @@ rule qc_decon:
     output:
         png=f"{R}/qc/deconvolve/{{cycle}}.png",
         metrics=f"{R}/qc/deconvolve/{{cycle}}.json",
+    log:
+        f"{R}/logs/qc_decon/{{cycle}}.log",
+    conda:
+        "../envs/plexgpu.yaml"
     threads: res("qc", "cpus_per_task")
     resources:
         **rule_resources("qc"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/qc_decon/{{cycle}}.log",
     script:
         "../scripts/qc_decon.py"
 
@@ -49,13 +49,13 @@ rule qc_edf:
     output:
         png=f"{R}/qc/edf/{{cycle}}.png",
         metrics=f"{R}/qc/edf/{{cycle}}.json",
+    log:
+        f"{R}/logs/qc_edf/{{cycle}}.log",
+    conda:
+        "../envs/plexgpu.yaml"
     threads: res("qc", "cpus_per_task")
     resources:
         **rule_resources("qc"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/qc_edf/{{cycle}}.log",
     script:
         "../scripts/qc_edf.py"
 
@@ -67,15 +67,15 @@ rule qc_registration:
     output:
         overlays=expand(f"{R}/qc/registration/{{cycle}}.png", cycle=CYCLES),
         metrics=f"{R}/qc/registration.json",
-    params:
-        cycles=CYCLES,
+    log:
+        f"{R}/logs/qc_registration/qc_registration.log",
+    conda:
+        "../envs/plexgpu.yaml"
     threads: res("qc", "cpus_per_task")
     resources:
         **rule_resources("qc"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/qc_registration/qc_registration.log",
+    params:
+        cycles=CYCLES,
     script:
         "../scripts/qc_registration.py"
 
@@ -89,10 +89,10 @@ rule qc:
     output:
         html=QC_INDEX,
         metrics=f"{R}/qc/metrics.json",
+    log:
+        f"{R}/logs/qc/qc.log",
     localrule: True
     conda:
         "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/qc/qc.log",
     script:
         "../scripts/qc_index.py"

@@ -13,17 +13,17 @@ rule registration:
         plex=PLEX,
         plex_deconvolved=PLEX_DECONVOLVED,
         markers=MARKERS,
+    log:
+        f"{R}/logs/registration/registration.log",
+    conda:
+        "../envs/plexgpu.yaml"
+    threads: res("registration", "cpus_per_task")
+    resources:
+        **rule_resources("registration"),
     params:
         specs=[SPECS[c] for c in CYCLES],
         registration=config["registration"],
         device=DEVICE,
         accounting=ACCOUNTING,
-    threads: res("registration", "cpus_per_task")
-    resources:
-        **rule_resources("registration"),
-    conda:
-        "../envs/plexgpu.yaml"
-    log:
-        f"{R}/logs/registration/registration.log",
     script:
         "../scripts/registration.py"

@@ -6,7 +6,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "workflow"))  # noqa: F821 (the library)
 
 from plexgpu import qc_page
+from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
-qc_page.write_index(sm.output.html, sm.output.metrics, list(sm.input.stitch), list(sm.input.decon),
-                    list(sm.input.edf), sm.input.registration)
+with job_context("qc", sm.log[0], {"cpus_per_task": 1}, "cpu"):  # a local rule: one process, its log
+    qc_page.write_index(sm.output.html, sm.output.metrics, list(sm.input.stitch), list(sm.input.decon),
+                        list(sm.input.edf), sm.input.registration)

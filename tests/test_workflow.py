@@ -181,6 +181,7 @@ def test_qc_page_and_metrics(e2e):
     qc = tmp / "results/qc"
     metrics = json.loads((qc / "metrics.json").read_text())
     assert len(metrics["stitch"]) == 3 and metrics["registration"]["shifts"]
+    assert "qc finished in" in (tmp / "results/logs/qc/qc.log").read_text()     # the rule's declared log
     html = (qc / "index.html").read_text()
     for png in ("stitch/cyc001.png", "stitch/cyc001.shading.png", "edf/cyc002.png", "deconvolve/cyc003.png",
                 "registration/cyc002.png"):
