@@ -212,3 +212,16 @@ def test_pyramid_writer_holds_one_plane_whatever_the_channel_count(tmp_path):
     assert peak < 2.25 * plane_bytes, f"peak {peak / plane_bytes:.2f} planes"
     back = read_tiff(tmp_path / "plex.ome.tif")
     assert back.shape == (8,) + shape and back.dtype == np.uint16 and int(back[7, 5, 5]) == 107
+
+
+def test_stacks_stay_contiguous_in_strips_a_viewer_can_read(tmp_path):
+    """Per-stage stacks (stitched, deconvolved) are memory-mapped region by region, so they stay one
+    contiguous uncompressed block, but in ~1 MiB strips: a viewer never has to read a whole plane."""
+    data = np.arange(3 * 700 * 1100, dtype=np.float32).reshape(3, 700, 1100)
+    write_ome(tmp_path / "s.ome.tif", data, "ZYX", 0.5)
+    with tifffile.TiffFile(tmp_path / "s.ome.tif") as tif:
+        page = tif.pages.first
+        assert tif.series[0].dataoffset is not None                    # contiguous: StackReader maps it
+        assert page.rowsperstrip == (1 << 20) // (1100 * 4) and len(page.dataoffsets) > 1
+        assert max(page.databytecounts) <= 1 << 20
+    assert np.array_equal(StackReader(tmp_path / "s.ome.tif")[1, 10:20], data[1, 10:20])

@@ -172,6 +172,15 @@ def _ome_metadata(axes: str, pixel_size_um: float | None, z_step_um: float | Non
     return metadata
 
 
+STRIP_BYTES = 1 << 20
+
+
+def _rows_per_strip(shape: tuple[int, ...], dtype) -> int:
+    """Rows of ~1 MiB strips: still one contiguous block (memory-mapped region by region), but a
+    viewer (Bio-Formats/QuPath, napari) reads a strip at a time instead of the whole plane."""
+    return max(1, min(shape[-2], STRIP_BYTES // max(1, shape[-1] * np.dtype(dtype).itemsize)))
+
+
 class OmeStackWriter:
     """An uncompressed OME-TIFF filled region by region (``writer[index] = array``).
 
@@ -210,7 +219,7 @@ def ome_writer(path: str | Path, shape: tuple[int, ...], dtype, axes: str, pixel
     with atomic_path(path) as tmp:
         mm = tifffile.memmap(tmp, shape=tuple(shape), dtype=dtype, ome=True, photometric="minisblack",
                              metadata=_ome_metadata(axes, pixel_size_um, z_step_um, channel_names),
-                             **_resolution(pixel_size_um))
+                             rowsperstrip=_rows_per_strip(shape, dtype), **_resolution(pixel_size_um))
         offset = mm.offset
         del mm
         _reserve(tmp, os.path.getsize(tmp))
