@@ -55,6 +55,28 @@ def test_dry_run_13_cycles_three_jobs_each_and_no_qc(tmp_path):
     assert not [r for r in rules if r.startswith("qc")]
 
 
+def test_gpu_jobs_carry_one_gpu_their_account_and_one_slot_token(tmp_path, small_synth):
+    """With accounts, every GPU-stage job asks for one GPU on its assigned account, carries its
+    gpu_stage rank and exactly one gpu_<account> slot token (1 for its account, 0 for the others:
+    `--resources gpu_clive=3` caps clive with Snakemake's built-in schedulers); QC jobs hold none."""
+    from plexgpu.paths import gpu_stage_rank
+
+    accounts = [{"name": "clive", "gpu_slots": 2, "partition": "hpg-b200"},
+                {"name": "maigan", "gpu_slots": 1, "partition": "hpg-b200"}]
+    cfg = _config(tmp_path, small_synth[0], accounts=accounts)
+    jobs = plan(tmp_path, cfg, targets=("all",), resources=True)
+    gpu_jobs = {k: r for k, r in jobs.items() if gpu_stage_rank(k[0])}
+    assert len(gpu_jobs) == 3 * 3 + 1
+    for (rule, cycle), r in gpu_jobs.items():
+        assert r["gpu"] == 1 and r["gpu_stage"] == gpu_stage_rank(rule), (rule, cycle, r)
+        assert (r["gpu_clive"], r["gpu_maigan"]) == ((1, 0) if r["slurm_account"] == "clive" else (0, 1))
+    by_cycle = {c: r["slurm_account"] for (rule, c), r in gpu_jobs.items() if rule == "stitch"}
+    assert sorted(by_cycle.values()) == ["clive", "clive", "maigan"]        # in proportion to gpu_slots 2 : 1
+    for (rule, _cycle), r in jobs.items():
+        if rule.startswith("qc"):
+            assert "gpu" not in r and "gpu_stage" not in r and "gpu_clive" not in r, (rule, r)
+
+
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     """One full run (registration, then qc) on 3 cycles x 4x4 tiles, with stitch on 3 cpus_per_task.

@@ -19,14 +19,19 @@ def _workflow(api, workdir: Path, configfile: Path, overrides: dict | None, core
                         storage_settings=StorageSettings(), workdir=workdir, snakefile=SNAKEFILE)
 
 
-def plan(workdir: Path, configfile: Path, targets=("registration",), overrides: dict | None = None):
-    """The jobs a run would execute: sorted [(rule, cycle or '')]."""
+def plan(workdir: Path, configfile: Path, targets=("registration",), overrides: dict | None = None,
+         resources: bool = False):
+    """The jobs a run would execute: sorted [(rule, cycle or '')]; with ``resources``, a dict
+    {(rule, cycle): the job's resources} instead."""
     with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
         wf = _workflow(api, workdir, configfile, overrides, 1)
         dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
         dag.execute_workflow(executor="dryrun")
         # the DAG's set of jobs that need to run (no public accessor in the API)
-        return sorted((j.rule.name, j.wildcards.get("cycle", "")) for j in wf._workflow.dag._needrun)
+        jobs = wf._workflow.dag._needrun
+        if resources:
+            return {(j.rule.name, j.wildcards.get("cycle", "")): dict(j.resources.items()) for j in jobs}
+        return sorted((j.rule.name, j.wildcards.get("cycle", "")) for j in jobs)
 
 
 def run(workdir: Path, configfile: Path, targets=("registration",), overrides: dict | None = None,
