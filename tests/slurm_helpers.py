@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO
-from plexgpu.cluster.rerun import profile_prefix, run_prefix
+from plexgpu.cluster.rerun import profile_prefix, run_options, run_prefix
 from plexgpu.cluster.slurm import parse_comment, sacct_jobs
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
@@ -48,11 +48,17 @@ def run_of(tmp: Path, cfg: Path, profile: Path) -> str:
     return run_prefix(profile_prefix(profile), results, tmp)
 
 
+def run_options_of(tmp: Path, cfg: Path, profile: Path) -> list[str]:
+    """The run's options (job-name prefix, SLURM log folder), as `plexgpu plan` prints them."""
+    results = Path(yaml.safe_load(cfg.read_text())["results_dir"])
+    return run_options(run_of(tmp, cfg, profile), results, tmp)
+
+
 def snakemake_cmd(tmp: Path, cfg: Path, target: str, profile: Path) -> list[str]:
     """The user's command as `plexgpu plan` prints it (targets first, the run's job-name prefix), with
     short status polling for tests."""
     return [sys.executable, "-m", "snakemake", target, "--configfile", str(cfg), "--profile", str(profile),
-            "--slurm-jobname-prefix", run_of(tmp, cfg, profile),
+            *run_options_of(tmp, cfg, profile),
             "-j", "5", "-s", str(REPO / "Snakefile"), "-d", str(tmp), *TEST_FLAGS]
 
 

@@ -57,7 +57,9 @@ def test_plan_prints_table_total_and_command(tmp_path, small_synth):
     from plexgpu.cluster.rerun import run_prefix
 
     run = run_prefix("plexgpu", Path("results"), Path.cwd())       # results_dir default, relative to here
-    assert last == f"snakemake registration --configfile {cfg} --profile profiles/slurm --slurm-jobname-prefix {run} -j 5"
+    logs = Path("results").resolve() / "logs" / "slurm"
+    assert last == (f"snakemake registration --configfile {cfg} --profile profiles/slurm --slurm-jobname-prefix {run} "
+                    f"--slurm-logdir {logs} -j 5")
     assert re.fullmatch(r"plexgpu-[0-9a-f]{8}", run)
 
 

@@ -38,7 +38,8 @@ def test_nine_cycles_gpu_only_on_real_slurm(slurm_cluster, nine_cycles):
     plan = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(cfg)],
                           capture_output=True, text=True, cwd=REPO)
     assert plan.returncode == 0, plan.stderr
-    assert re.search(r"--profile profiles/slurm --slurm-jobname-prefix plexgpu-[0-9a-f]{8} -j 5$",
+    assert re.search(r"--profile profiles/slurm --slurm-jobname-prefix plexgpu-[0-9a-f]{8} --slurm-logdir "
+                     rf"{re.escape(str(tmp.resolve()))}/results/logs/slurm -j 5$",
                      plan.stdout.strip().splitlines()[-1])
     res = snakemake_on_slurm(tmp, cfg, "registration", prefix)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

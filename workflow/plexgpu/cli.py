@@ -92,11 +92,13 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def snakemake_command(configfiles: list[str], target: str, jobs: int, run: str, profile: str = "profiles/slurm") -> str:
-    """The exact command line: targets first (--configfile takes several values), -j = GPU slots, the
-    run's job-name prefix (so status / cancel / rerun act on this data set only)."""
+def snakemake_command(configfiles: list[str], target: str, jobs: int, options: list[str],
+                      profile: str = "profiles/slurm") -> str:
+    """The exact command line: targets first (--configfile takes several values), the run's options
+    (its job-name prefix and SLURM log folder: status / cancel / rerun act on this data set only),
+    -j = free GPU slots."""
     return (f"snakemake {target} --configfile {' '.join(configfiles)} --profile {profile} "
-            f"--slurm-jobname-prefix {run} -j {jobs}")
+            f"{' '.join(options)} -j {jobs}")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -188,10 +190,10 @@ def cmd_plan(args) -> int:
     if config["compute"]["device"] != "gpu":
         console.print("[yellow]compute.device = cpu: jobs hold GPUs but compute on the CPU (testing only)[/]")
     from .config import REPO_ROOT
-    from .cluster.rerun import profile_prefix, run_prefix
+    from .cluster.rerun import profile_prefix, run_options, run_prefix
 
     run = run_prefix(profile_prefix(REPO_ROOT / "profiles" / "slurm"), exp.results_dir, Path.cwd())
-    print(snakemake_command(args.configfile, args.target, jobs, run))
+    print(snakemake_command(args.configfile, args.target, jobs, run_options(run, exp.results_dir, Path.cwd())))
     return 0
 
 

@@ -43,6 +43,14 @@ def run_prefix(prefix: str, results_dir: Path, workdir: Path) -> str:
     return f"{prefix or 'plexgpu'}-{tag}"
 
 
+def run_options(run: str, results_dir: Path, workdir: Path) -> list[str]:
+    """The slurm-plugin options that keep one data set's run apart from another's in the same working
+    directory: its job-name prefix, and its own SLURM log folder (a coordinator that ends removes the
+    empty folders of the shared default one, where another run's pending jobs are about to write)."""
+    folder = results_dir if Path(results_dir).is_absolute() else Path(workdir) / results_dir
+    return ["--slurm-jobname-prefix", run, "--slurm-logdir", str(Path(os.path.realpath(folder)) / "logs" / "slurm")]
+
+
 def _same_dir(job: dict, workdir: Path) -> bool:
     return os.path.realpath(job.get("WorkDir", "")) == os.path.realpath(workdir)
 
@@ -222,7 +230,7 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
     if not todo:
         echo("every cycle's stages are done; snakemake decides what else is left")
     cmd = [sys.executable, "-m", "snakemake", target, *snakemake_args(configfiles, workdir), "--profile",
-           str(profile), "--slurm-jobname-prefix", run, "-j", str(jobs), "--rerun-incomplete", *extra]
+           str(profile), *run_options(run, results_dir, workdir), "-j", str(jobs), "--rerun-incomplete", *extra]
     echo("running: " + " ".join(cmd[2:]))
     return subprocess.run(cmd).returncode
 
