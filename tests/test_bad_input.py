@@ -18,7 +18,7 @@ from plexgpu.cli import main
 from plexgpu.config import ConfigError, validate_config
 from plexgpu.experiment import resolve_experiment
 from plexgpu.io.raw import RawDataError, tile_filename
-from plexgpu.io.tiff import DiskFullError, TiffReadError, write_ome, write_text_atomic
+from plexgpu.io.tiff import DiskFullError, TiffReadError, ome_writer, write_ome, write_text_atomic
 
 
 def _cycle(folder: Path, tiles=4, z=3, channels=(1, 2), shape=(16, 16)):
@@ -84,7 +84,8 @@ def test_disk_full_while_writing_a_stack_is_one_line_and_leaves_no_part(tmp_path
     monkeypatch.setattr(os, "posix_fallocate", full)
     out = tmp_path / "res" / "CH1.ome.tif"
     with pytest.raises(DiskFullError) as err:
-        write_ome(out, np.zeros((4, 64, 64), np.float32), "ZYX")
+        with ome_writer(out, (4, 64, 64), np.float32, "ZYX") as stack:    # blocks allocated before any region
+            stack[0] = 1.0
     assert "no space left on" in _one_line(err) and "needed" in str(err.value)
     assert not list(out.parent.iterdir())                  # no half file, no .part
 
@@ -114,7 +115,8 @@ def test_disk_full_on_a_real_small_file_system(tmp_path):
         pytest.skip("cannot mount a tmpfs here")
     try:
         with pytest.raises(DiskFullError) as err:
-            write_ome(mnt / "big.ome.tif", np.zeros((8, 512, 512), np.float32), "ZYX")   # 8 MB on 1 MB
+            noise = np.random.default_rng(0).random((8, 512, 512), np.float32)       # 8 MB, incompressible
+            write_ome(mnt / "big.ome.tif", noise, "ZYX")                                 # on 1 MB
         assert "no space left on" in _one_line(err)
         assert not list(mnt.iterdir())
     finally:

@@ -37,14 +37,17 @@ def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[
 
 
 # ----------------------------------------------------------------------------- stitch
-def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, out: dict) -> dict:
+def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, out: dict,
+           read_plane=None) -> dict:
     """BaSiC per (channel, z) in one batched fit, one stitching model, the flatfield of every
     plane refined on the tile overlaps and its camera offset, blended mosaics.
 
     ``out``: {"profiles": {ch: path}, "stitched": {ch: path}, "positions": path, "pairs": path,
-    "planes": path}
+    "planes": path}. ``read_plane(channel, z)`` gives a plane's tiles in tile order (default: the
+    raw files; bench/gpu_cycle.py hands over tiles made in memory); each plane is asked for twice.
     """
     xp = ctx.xp
+    read_plane = read_plane or (lambda ch, z: _read_plane(ctx, spec, ch, z))
     params = basic.BasicParams.from_config(basic_cfg)
     ref_ch = stitch_cfg["reference_channel"]
     ref_z = (spec.z_planes + 1) // 2
@@ -53,7 +56,7 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     advance = ctx.progress(f"{spec.key} read + resize {len(planes)} planes", len(planes))
     small, ref_tiles, tile_shape = None, None, None
     for i, (ch, z) in enumerate(planes):
-        tiles = _read_plane(ctx, spec, ch, z)
+        tiles = read_plane(ch, z)
         tile_shape = tile_shape or tiles[0].shape
         if tiles[0].shape != tile_shape:
             raise RawDataError(f"{spec.tile_paths(ch, z)[0]}: shape {tiles[0].shape} differs from {tile_shape} "
@@ -111,12 +114,12 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         prof = np.empty((spec.z_planes, 2) + tuple(tile_shape), np.float32)
         below = above = 0
         with ome_writer(out["stitched"][ch], (spec.z_planes,) + model.mosaic_shape, np.uint16, "ZYX",
-                        spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)]) as mosaic:  # plane by plane
+                        spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)], workers=ctx.workers) as mosaic:
             for z in range(1, spec.z_planes + 1):
                 shade = shades[index[(ch, z)]]
                 flat = xpmod.to_device(basic.upsample(shade.flatfield, tile_shape), xp)
                 dark = xpmod.to_device(basic.upsample(shade.darkfield, tile_shape), xp)
-                tiles = _read_plane(ctx, spec, ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
+                tiles = read_plane(ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
                 recorded.setdefault(str(ch), {})[str(z)] = [edf.tile_stats(t) for t in tiles]
                 plane = stitching.blend((basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles), model)
                 del tiles
@@ -129,7 +132,8 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         saturated[ch] = above
         log.info("CH%d: %d pixels above 65535 saturated, %d below 0 after offset subtraction set to 0 "
                  "(of %d)", ch, above, below, spec.z_planes * model.mosaic_shape[0] * model.mosaic_shape[1])
-        write_ome(out["profiles"][ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"])
+        write_ome(out["profiles"][ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"],
+                  workers=ctx.workers)
     shading_record = {f"{ch}/{z}": _shading_record(shades[index[(ch, z)]]) for ch, z in planes}
     footprints = [[int(y), int(x), int(tile_shape[0]), int(tile_shape[1])] for y, x in model.placement]
     write_text_atomic(out["planes"], json.dumps({"recorded": recorded, "saturated_after_correction": saturated,
@@ -201,7 +205,7 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
     Streamed: each XY chunk is read from the stitched stack and its result written straight
     into the output file, so host memory holds one chunk's work, not the stacks."""
     for ch in spec.channels:
-        stack = StackReader(inputs[ch])       # ZYX: at least MIN_PLANES planes (checked with the raw data)
+        stack = StackReader(inputs[ch], ctx.workers)   # ZYX, >= MIN_PLANES planes (checked with the raw data)
         shape = stack.shape
         o = optics_for(spec, optics_cfg, decon_cfg, ch)
         kernel = kernel_for(spec, o, decon_cfg, ch, shape[0])
@@ -216,7 +220,7 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
         t0 = time.perf_counter()
         flux: dict = {}
         with ome_writer(out[ch], shape, np.float32, "ZYX", spec.pixel_size_um, spec.z_step_um,
-                        [spec.marker(ch)]) as result:
+                        [spec.marker(ch)], workers=ctx.workers) as result:
             deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp, workers=ctx.workers,
                                      progress=lambda d, t: advance(), out=result, flux=flux)
         log.info("CH%d: PSF %s (%s), %d iterations in %.1f s, flux ratio %.4f", ch, kernel.shape,
@@ -244,12 +248,14 @@ def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, stacks: dict
             for t, why in faults.items():
                 log.warning("CH%d Z%03d: tile %d left out of the EDF where it lies: %s", ch, z + 1, t + 1, why)
         for i, (kind, paths_) in enumerate(stacks.items()):
-            stack = StackReader(paths_[ch])              # read plane by plane, never whole
+            stack = StackReader(paths_[ch], ctx.workers)    # read plane by plane, never whole
             res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp,
                                               invalid=_fault_masks(bad, footprints, stack.shape[1:]))
-            write_plane(out[kind][ch], xpmod.to_host(res.image), spec.marker(ch), spec.pixel_size_um)
+            write_plane(out[kind][ch], xpmod.to_host(res.image), spec.marker(ch), spec.pixel_size_um,
+                        workers=ctx.workers)
             if i == 0:
-                write_plane(focus_out[ch], xpmod.to_host(res.focus_index), "focus index", spec.pixel_size_um)
+                write_plane(focus_out[ch], xpmod.to_host(res.focus_index), "focus index", spec.pixel_size_um,
+                            workers=ctx.workers)
             del res
             log.info("CH%d: EDF (%s) from %d of %d planes", ch, kind, len(kept), stack.shape[0])
 
@@ -303,7 +309,7 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
                     xpmod.to_device(read_tiff(inputs[kind][spec.key][ch]).astype(np.float32), xp)
                 reg = xpmod.to_host(registration.apply_shift(img, s, shape))
                 path = out["registered"][kind][spec.key][ch]
-                write_plane(path, reg, spec.marker(ch), spec.pixel_size_um)
+                write_plane(path, reg, spec.marker(ch), spec.pixel_size_um, workers=ctx.workers)
                 registered[kind].append(path)
                 del img, reg
         del moving
@@ -320,7 +326,8 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
         write_text_atomic(out["markers"], markers_csv(unique, cycles))
     for kind, paths_ in registered.items():
         levels = write_pyramidal_ome(out["plex"][kind], lambda c, p=paths_: read_tiff(p[c]), len(paths_), unique,
-                                     by_key[ref_key].pixel_size_um, dtype=reg_cfg.get("plex_dtype", "uint16"))
+                                     by_key[ref_key].pixel_size_um, dtype=reg_cfg.get("plex_dtype", "uint16"),
+                                     workers=ctx.workers)
         log.info("%s: %d channels, %d pyramid levels (%s)", Path(out["plex"][kind]).name, len(paths_), levels, kind)
     return shifts
 
