@@ -1,18 +1,27 @@
-"""One full-size synthetic cycle through stitch -> deconvolve -> edf on one device, per-stage
-times and peak GPU memory, printed as JSON. Target on one H200: <= 90 s per cycle.
+"""One full-size synthetic cycle through the workflow's own stage functions, as its jobs call
+them: ``stages.stitch`` -> ``stages.deconvolve`` -> ``stages.extended_depth``, each inside
+``job_context`` (GPU guard, worker pool from cpus_per_task) with its stacks streamed to tiled,
+compressed files on disk. Per-stage times, peak GPU memory and stack sizes, printed as JSON.
+Target on one H200: <= 90 s per cycle.
 
-  python bench/gpu_cycle.py                     # 9x7 tiles of 1440x1920, 4 ch, 20 z, CuPy
-  python bench/gpu_cycle.py --tiny --backend numpy   # the same code path, small, on the CPU (tests)
+  python bench/gpu_cycle.py                           # 9x7 tiles of 1440x1920, 4 ch, 20 z, CuPy
+  python bench/gpu_cycle.py --tiny --backend numpy    # the same code path, small, on the CPU (tests)
 
-Tiles are generated on the fly (a textured field per plane, shaded) instead of read from disk,
-so the benchmark measures the device, not the file system.
+The raw tiles (uint16 camera counts: a textured field seen through a vignetted flatfield above a
+camera offset) are made once in host memory before the clock starts (full size: 5040 tiles,
+about 28 GB) and handed to stitch through its ``read_plane`` seam in place of the raw files, so
+the benchmark times the device and the stages' own stack I/O, not the raw data's file system.
+Full size needs about 45 GB of free disk under --workdir for the stacks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,9 +29,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
 import numpy as np  # noqa: E402
 
-from plexgpu.image import basic, deconvolution, edf, psf, stitching  # noqa: E402
+from plexgpu import paths, stages  # noqa: E402
 from plexgpu import xp as xpmod  # noqa: E402
+from plexgpu.config import validate_config  # noqa: E402
+from plexgpu.experiment import CycleSpec  # noqa: E402
+from plexgpu.image import stitching  # noqa: E402
 from plexgpu.io.raw import grid_layout  # noqa: E402
+from plexgpu.io.tiff import StackReader  # noqa: E402
+from plexgpu.job import job_context  # noqa: E402
+
+
+def synthetic_tiles(xp, rows: int, cols: int, tile: tuple[int, int], overlap: float, channels, nz: int,
+                    order: str) -> dict:
+    """{(channel, z): [uint16 host tile, ...]} in tile order; made on the backend, kept on the host."""
+    th, tw = tile
+    sy, sx = stitching.nominal_step(tile, overlap)
+    H, W = (rows - 1) * sy + th + 8, (cols - 1) * sx + tw + 8
+    ndi = xpmod.ndimage(xp)
+    field = ndi.gaussian_filter(xp.asarray(np.random.default_rng(1).random((H, W), np.float32)), 1.5) * 6000
+    yy, xx = xp.mgrid[0:th, 0:tw].astype(xp.float32)
+    flat = xp.exp(-0.8 * (((yy - th / 2) / th) ** 2 + ((xx - tw / 2) / tw) ** 2))
+    flat /= flat.mean()
+    jitter = np.random.default_rng(2).integers(-3, 4, (rows * cols, 2))
+    pos = [(4 + r * sy + int(j[0]), 4 + c * sx + int(j[1])) for (r, c), j in zip(grid_layout(rows, cols, order), jitter)]
+    tiles = {}
+    for ch in channels:
+        for z in range(1, nz + 1):
+            g = field * (1 + 0.05 * ch) * (1 - 0.02 * abs(z - (nz + 1) / 2))
+            tiles[ch, z] = [xpmod.to_host(xp.clip(xp.rint(g[y:y + th, x:x + tw] * flat + 300), 0, 65535)
+                                          .astype(xp.uint16)) for y, x in pos]
+    return tiles
 
 
 def main(argv=None) -> dict:
@@ -30,68 +66,66 @@ def main(argv=None) -> dict:
     ap.add_argument("--backend", default="cupy", choices=["cupy", "numpy"])
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--iterations", type=int, default=25)
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="the jobs' cpus_per_task")
+    ap.add_argument("--workdir", default=None, help="where the stacks go (default: a temporary folder, removed)")
     args = ap.parse_args(argv)
-    xp = xpmod.get_xp(args.backend)
-    rows, cols, (th, tw), nch, nz = (3, 3, (96, 128), 2, 4) if args.tiny else (9, 7, (1440, 1920), 4, 20)
-    layout = grid_layout(rows, cols, "snake")
-    overlap = 0.3
-    sy, sx = stitching.nominal_step((th, tw), overlap)
-    H, W = (rows - 1) * sy + th + 8, (cols - 1) * sx + tw + 8
-    ndi = xpmod.ndimage(xp)
-    field = ndi.gaussian_filter(xp.asarray(np.random.default_rng(1).random((H, W), np.float32)), 1.0) * 4000
-    yy, xx = xp.mgrid[0:th, 0:tw].astype(xp.float32)
-    flat = xp.exp(-0.4 * (((yy - th / 2) / th) ** 2 + ((xx - tw / 2) / tw) ** 2) * 2)
-    flat /= flat.mean()
-    pos = [(4 + r * sy, 4 + c * sx) for r, c in layout]
+    device = "gpu" if args.backend == "cupy" else "cpu"
+    rows, cols, tile, nch, nz = (3, 3, (96, 128), 2, 4) if args.tiny else (9, 7, (1440, 1920), 4, 20)
+    channels = tuple(range(1, nch + 1))
+    cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": {"iterations": args.iterations}})
+    spec = CycleSpec(cycle=1, key="cyc001", folder="/nonexistent", region=1, rows=rows, cols=cols, order="snake",
+                     overlap=0.3, z_planes=nz, channels=channels, markers=tuple(f"M{ch}" for ch in channels),
+                     pixel_size_um=0.377, z_step_um=1.5, emission_nm=(450.0, 520.0, 570.0, 670.0)[:nch])
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="plexgpu-gpu-cycle-"))
+    res = work / "results"
 
-    def plane_tiles(ch, z):
-        g = field * (1 + 0.05 * ch) * (1 - 0.02 * abs(z - nz / 2))
-        return [(g[y:y + th, x:x + tw] * flat + 100).astype(xp.float32) for y, x in pos]
+    def files(pattern):
+        return {ch: str(res / pattern.format(cycle=spec.key, ch=ch)) for ch in channels}
 
-    times, peak = {}, 0
-    pool = xp.get_default_memory_pool() if xpmod.on_device(xp) else None
+    resources = {"cpus_per_task": args.workers}
+    times, peaks = {}, {}
+    try:
+        xp = xpmod.get_xp(args.backend)
+        t0 = time.perf_counter()
+        raw = synthetic_tiles(xp, rows, cols, tile, spec.overlap, channels, nz, spec.order)
+        synth_s = time.perf_counter() - t0
+        pool = xp.get_default_memory_pool() if xpmod.on_device(xp) else None
 
-    def mark():
-        nonlocal peak
-        xpmod.synchronize(xp)
-        if pool is not None:
-            peak = max(peak, pool.total_bytes())
+        def stage(name, run):
+            with job_context(name, str(work / f"{name}.log"), resources, device) as ctx:
+                t0 = time.perf_counter()
+                run(ctx)
+                xpmod.synchronize(ctx.xp)
+                times[f"{name}_s"] = time.perf_counter() - t0
+            if pool is not None:
+                peaks[name] = pool.total_bytes() / 2**30          # the pool's high-water mark for this stage
+                pool.free_all_blocks()
 
-    t0 = time.perf_counter()
-    params = basic.BasicParams(max_iterations=500)
-    small = xp.stack([basic.downsample(xp.stack(plane_tiles(ch, z)), params.working_size)
-                      for ch in range(nch) for z in range(nz)])
-    fit = basic.fit_anchored(small, [ch * nz + nz // 2 for ch in range(nch) for _ in range(nz)], params)  # as stitch
-    f0, d0 = basic.upsample(fit.flatfield[0], (th, tw)), basic.upsample(fit.darkfield[0], (th, tw))
-    model = stitching.compute_model([basic.correct(t, f0, d0) for t in plane_tiles(0, nz // 2)], layout, overlap)
-    stacks = []
-    for ch in range(nch):
-        planes = []
-        for z in range(nz):
-            i = ch * nz + z
-            f, d = basic.upsample(fit.flatfield[i], (th, tw)), basic.upsample(fit.darkfield[i], (th, tw))
-            planes.append(stitching.blend([basic.correct(t, f, d) for t in plane_tiles(ch, z)], model))
-        stacks.append(xp.stack(planes))
-    mark()
-    times["stitch_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    o = psf.Optics(0.377, 1.5, 0.75, 1.0, 1.33, 520)
-    kernel = psf.psf(o, *psf.default_half_size(o, nz))
-    decon = []
-    for s in stacks:
-        shape = tuple(s.shape)  # chunks sized as the deconvolve stage does (budget from free device memory)
-        chunk = deconvolution.chunk_for_budget(shape, kernel.shape, deconvolution.memory_budget(xp, shape), 2048)
-        decon.append(xpmod.to_device(deconvolution.deconvolve(xpmod.to_host(s), kernel, args.iterations, chunk, xp=xp), xp))
-        mark()
-    times["deconvolve_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for s in decon:
-        edf.extended_depth_of_field(s)
-    mark()
-    times["edf_s"] = time.perf_counter() - t0
-    out = {"backend": args.backend, "tiles": f"{rows}x{cols} of {th}x{tw}", "channels": nch, "z": nz,
-           "rl_iterations": args.iterations, **{k: round(v, 2) for k, v in times.items()},
-           "total_s": round(sum(times.values()), 2), "peak_gpu_mem_gib": round(peak / 2**30, 2) if pool else None,
+        stitched, planes = files(paths.STITCHED), str(res / paths.PLANES.format(cycle=spec.key))
+        stage("stitch", lambda ctx: stages.stitch(ctx, spec, cfg["basic"], cfg["stitch"], {
+            "stitched": stitched, "profiles": files(paths.PROFILES), "planes": planes,
+            "positions": str(res / paths.POSITIONS.format(cycle=spec.key)),
+            "pairs": str(res / paths.PAIRS.format(cycle=spec.key))}, read_plane=lambda ch, z: raw[ch, z]))
+        raw.clear()                       # the tiles are stitched: their memory back before deconvolution
+        deconvolved = files(paths.DECONVOLVED)
+        stage("deconvolve", lambda ctx: stages.deconvolve(ctx, spec, cfg["optics"], cfg["deconvolution"], stitched,
+                                                          deconvolved))
+        stage("edf", lambda ctx: stages.extended_depth(
+            ctx, spec, cfg["edf"], {"quantification": stitched, "deconvolved": deconvolved}, planes,
+            {"quantification": files(paths.EDF), "deconvolved": files(paths.EDF_DECONVOLVED)}, files(paths.FOCUS)))
+        pixels = int(np.prod(StackReader(stitched[1]).shape)) * nch
+        sizes = {kind: sum(os.path.getsize(p) for p in d.values()) for kind, d in
+                 (("stitched", stitched), ("deconvolved", deconvolved))}
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    out = {"backend": args.backend, "tiles": f"{rows}x{cols} of {tile[0]}x{tile[1]}", "channels": nch, "z": nz,
+           "rl_iterations": args.iterations, "workers": args.workers, "synth_s": round(synth_s, 2),
+           **{k: round(v, 2) for k, v in times.items()}, "total_s": round(sum(times.values()), 2),
+           "peak_gpu_mem_gib": {k: round(v, 2) for k, v in peaks.items()} if pool is not None else None,
+           "stack_gb": {k: round(v / 1e9, 3) for k, v in sizes.items()},
+           "stack_fraction_of_pixels": {"stitched": round(sizes["stitched"] / (2 * pixels), 3),
+                                        "deconvolved": round(sizes["deconvolved"] / (4 * pixels), 3)},
            "device": xp.cuda.runtime.getDeviceProperties(0)["name"].decode() if xpmod.on_device(xp) else "cpu"}
     print(json.dumps(out))
     return out

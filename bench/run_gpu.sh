@@ -12,7 +12,7 @@ export PYTHONPATH="$PWD/workflow${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 DEST=${OUT:-bench/results}
 mkdir -p "$DEST"
-$PY -c "from plexgpu.gpu import require_gpu; print('GPU:', require_gpu())" || exit 1
+$PY -c "from plexgpu.cluster.gpu import require_gpu; print('GPU:', require_gpu())" || exit 1
 timeout 150 $PY -m pytest -q -p no:cacheprovider -k cupy tests/test_basic.py tests/test_stitching.py \
     tests/test_deconvolution.py tests/test_edf_registration.py 2>&1 | tee "$DEST/gpu_tests.log"
 timeout 390 $PY bench/gpu_cycle.py --backend cupy | tee "$DEST/gpu_cycle.json"

@@ -193,8 +193,10 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
 
 @dataclass(frozen=True)
 class CycleSpec:
-    """What a job needs to know about its cycle (JSON-able; passed to jobs as a param so
-    discovery runs once per workflow invocation, not once per job)."""
+    """What a stage needs to know about its cycle, JSON-able: a job's script gets it as a param and
+    needs nothing else of the experiment. (The tile listing behind it, ``resolve_experiment``, runs
+    whenever the Snakefile is parsed: in the coordinating run and again in each SLURM job; the TIFF
+    headers are read only by ``plexgpu validate``.)"""
 
     cycle: int
     key: str
