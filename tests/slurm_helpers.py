@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO
-from plexgpu.cluster.rerun import profile_prefix, run_options, run_prefix
+from plexgpu.cluster.rerun import profile_run, run_options
 from plexgpu.cluster.slurm import parse_comment, sacct_jobs
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
@@ -45,7 +45,7 @@ def profile_with_prefix(tmp: Path, prefix: str) -> Path:
 def run_of(tmp: Path, cfg: Path, profile: Path) -> str:
     """The run's job-name prefix, as `plexgpu plan` prints it."""
     results = Path(yaml.safe_load(cfg.read_text())["results_dir"])
-    return run_prefix(profile_prefix(profile), results, tmp)
+    return profile_run(profile, results, tmp)
 
 
 def run_options_of(tmp: Path, cfg: Path, profile: Path) -> list[str]:

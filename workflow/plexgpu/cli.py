@@ -87,6 +87,8 @@ def cmd_validate(args) -> int:
     console.print(f"tiles {exp.tile_shape} {exp.dtype}, overlap {exp.overlap:.0%}, pixel "
                   f"{exp.pixel_size_um} µm, z-step {exp.z_step_um} µm; compute.device = "
                   f"{config['compute']['device']}; checked in {time.perf_counter() - t0:.1f} s")
+    from .cluster.requests import request_warnings
+
     for w in request_warnings(config):
         console.print(f"[yellow]warning: {w}[/]")
     return 0
@@ -176,6 +178,8 @@ def cmd_plan(args) -> int:
     slots.add_row("total", str(total), "", str(sum(in_use.get(a["name"], 0) for a in accounts)), str(free_total),
                   str(len(assignment)))
     console.print(slots)
+    from .cluster.requests import request_warnings
+
     warnings += request_warnings(config)
     for w in warnings:
         console.print(f"[yellow]warning: {w}[/]")
@@ -190,45 +194,11 @@ def cmd_plan(args) -> int:
     if config["compute"]["device"] != "gpu":
         console.print("[yellow]compute.device = cpu: jobs hold GPUs but compute on the CPU (testing only)[/]")
     from .config import REPO_ROOT
-    from .cluster.rerun import profile_prefix, run_options, run_prefix
+    from .cluster.rerun import profile_run, run_options
 
-    run = run_prefix(profile_prefix(REPO_ROOT / "profiles" / "slurm"), exp.results_dir, Path.cwd())
+    run = profile_run(REPO_ROOT / "profiles" / "slurm", exp.results_dir, Path.cwd())
     print(snakemake_command(args.configfile, args.target, jobs, run_options(run, exp.results_dir, Path.cwd())))
     return 0
-
-
-GPU_RULES = ("stitch", "deconvolve", "edf", "registration")
-
-
-def request_warnings(config: dict) -> list[str]:
-    """What sbatch would refuse or leave pending for ever, said before any job: each GPU rule's
-    cpus_per_task, mem_mb and runtime against the largest node of each account's partition (sinfo),
-    one GPU per job; and compute.device = gpu where CuPy does not import here."""
-    import importlib.util
-
-    from .cluster.slurm import partition_limits
-
-    out = []
-    for a in config["accounts"]:
-        part = a.get("partition")
-        lim = partition_limits(part) if part else None
-        if lim is None:
-            continue
-        for rule in GPU_RULES:
-            r = config["resources"][rule]
-            for key, have, unit in (("cpus_per_task", lim["cpus"], ""), ("mem_mb", lim["mem_mb"], " MB")):
-                if r[key] > have:
-                    out.append(f"resources.{rule}.{key} = {r[key]} but the largest node of partition {part} has "
-                               f"{have}{unit}: sbatch refuses the job")
-            if lim["time_min"] is not None and r["runtime"] > lim["time_min"]:
-                out.append(f"resources.{rule}.runtime = {r['runtime']} min exceeds partition {part}'s time limit "
-                           f"({lim['time_min']:.0f} min)")
-        if lim["gpus"] < 1:
-            out.append(f"partition {part} (account {a['name']}) has no node with a GPU: every image job asks for one")
-    if config["compute"]["device"] == "gpu" and importlib.util.find_spec("cupy") is None:
-        out.append("compute.device = gpu but CuPy does not import here: the GPU jobs import it where they run; "
-                   "install plexgpu[gpu] (cupy-cuda12x) in the environment the jobs use")
-    return out
 
 
 def cmd_verify_gpu(args) -> int:
@@ -247,10 +217,10 @@ def cmd_verify_gpu(args) -> int:
 
 def cmd_report(args) -> int:
     from .cluster.report import usage_statements, write_report
-    from .cluster.rerun import profile_prefix, run_prefix
+    from .cluster.rerun import profile_run
 
     config, exp, workdir, profile = _run_context(args)
-    run = run_prefix(profile_prefix(profile), exp.results_dir, workdir)
+    run = profile_run(profile, exp.results_dir, workdir)
     md, page, allocs = write_report(config["results_dir"], use_sacct=not args.no_sacct, run=run, workdir=workdir)
     if not allocs:
         print(f"plexgpu report: no accounting records under {config['results_dir']}/accounting/jobs yet")
@@ -274,10 +244,10 @@ def _run_context(args):
 def cmd_status(args) -> int:
     from rich.table import Table
 
-    from .cluster.rerun import profile_prefix, run_prefix, status
+    from .cluster.rerun import profile_run, status
 
     config, exp, workdir, profile = _run_context(args)
-    run = run_prefix(profile_prefix(profile), exp.results_dir, workdir)
+    run = profile_run(profile, exp.results_dir, workdir)
     states = status(exp.results_dir, workdir, exp.cycle_keys, exp.channels, run)
     table = Table(title=f"plexgpu status: {exp.results_dir} (jobs {run}_*)")
     for col in ("cycle", "stage", "state", "detail"):
@@ -291,17 +261,16 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from .cluster.rerun import cancel, profile_prefix, run_prefix, unattributed_jobs
+    from .cluster.rerun import cancel, profile_prefix, profile_run, unattributed_jobs
     from .cluster.slurm import parse_comment
 
     _, exp, workdir, profile = _run_context(args)
-    prefix = profile_prefix(profile)
-    jobs = cancel(run_prefix(prefix, exp.results_dir, workdir), workdir)
+    jobs = cancel(profile_run(profile, exp.results_dir, workdir), workdir)
     for j in jobs:
         rule, wc = parse_comment(j["Comment"])
         print(f"cancelled job {j['JobID']} ({rule} {wc}, account {j['Account']}, was {j['State']})")
     print(f"{len(jobs)} job(s) of this data set ({exp.results_dir}) cancelled; none left in squeue")
-    loose = unattributed_jobs(prefix, workdir)
+    loose = unattributed_jobs(profile_prefix(profile), workdir)
     if loose:
         print(f"not touched: job(s) {', '.join(j['JobID'] for j in loose)}, started from {workdir} without a run "
               f"prefix: plexgpu cannot tell which data set they belong to (scancel them yourself if they are this "

@@ -43,6 +43,11 @@ def run_prefix(prefix: str, results_dir: Path, workdir: Path) -> str:
     return f"{prefix or 'plexgpu'}-{tag}"
 
 
+def profile_run(profile: str | Path, results_dir: Path, workdir: Path) -> str:
+    """The job-name prefix of the run launched with ``profile`` whose results go to ``results_dir``."""
+    return run_prefix(profile_prefix(profile), results_dir, workdir)
+
+
 def run_options(run: str, results_dir: Path, workdir: Path) -> list[str]:
     """The slurm-plugin options that keep one data set's run apart from another's in the same working
     directory: its job-name prefix, and its own SLURM log folder (a coordinator that ends removes the
@@ -197,7 +202,7 @@ def snakemake_args(configfiles: list[str], workdir: Path, snakefile: Path | None
 def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, jobs: int, results_dir: Path,
           cycles: list[str], channels: list[int], extra: list[str], echo=print) -> int:
     prefix = profile_prefix(profile)
-    run = run_prefix(prefix, results_dir, workdir)
+    run = profile_run(profile, results_dir, workdir)
     lock_dir = workdir / ".snakemake" / "locks"
     live = live_coordinators(workdir, configfiles)
     if live:

@@ -1,0 +1,36 @@
+"""Each GPU rule's resource request checked against the cluster before any job is submitted:
+what sbatch would refuse, or leave pending for ever, said by ``plexgpu plan`` and ``validate``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ..paths import PIPELINE
+from .slurm import partition_limits
+
+
+def request_warnings(config: dict) -> list[str]:
+    """What sbatch would refuse or leave pending for ever, said before any job: each GPU rule's
+    cpus_per_task, mem_mb and runtime against the largest node of each account's partition (sinfo),
+    one GPU per job; and compute.device = gpu where CuPy does not import here."""
+    out = []
+    for a in config["accounts"]:
+        part = a.get("partition")
+        lim = partition_limits(part) if part else None
+        if lim is None:
+            continue
+        for rule in (s.name for s in PIPELINE if s.gpu):
+            r = config["resources"][rule]
+            for key, have, unit in (("cpus_per_task", lim["cpus"], ""), ("mem_mb", lim["mem_mb"], " MB")):
+                if r[key] > have:
+                    out.append(f"resources.{rule}.{key} = {r[key]} but the largest node of partition {part} has "
+                               f"{have}{unit}: sbatch refuses the job")
+            if lim["time_min"] is not None and r["runtime"] > lim["time_min"]:
+                out.append(f"resources.{rule}.runtime = {r['runtime']} min exceeds partition {part}'s time limit "
+                           f"({lim['time_min']:.0f} min)")
+        if lim["gpus"] < 1:
+            out.append(f"partition {part} (account {a['name']}) has no node with a GPU: every image job asks for one")
+    if config["compute"]["device"] == "gpu" and importlib.util.find_spec("cupy") is None:
+        out.append("compute.device = gpu but CuPy does not import here: the GPU jobs import it where they run; "
+                   "install plexgpu[gpu] (cupy-cuda12x) in the environment the jobs use")
+    return out
