@@ -30,11 +30,16 @@ demo: $(STAMP)
 	@echo "  QC report:                                        demo/results/qc/index.html"
 	@echo "  logs:                                             demo/results/logs/"
 
-# lint first: ruff (config in pyproject.toml) and snakefmt on the rules; `snakemake --lint` runs in
-# tests/test_workflow.py
+# lint first: ruff (config in pyproject.toml), snakefmt on the rules, and snakemake --lint (exit 1 on any
+# lint) on a 2x2-tile synthetic data set made for it in a temporary folder (the Snakefile reads the raw
+# data's layout when it is parsed)
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/snakefmt --check --line-length 110 Snakefile rules/
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	  $(BIN)/plexgpu synth "$$d/raw" --cycles 1 --grid 2x2 --tile 64x64 --z 3 --channels 1 --seed 0 >/dev/null && \
+	  printf 'raw_dir: %s/raw\nresults_dir: %s/results\n' "$$d" "$$d" > "$$d/config.yaml" && \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --lint --configfile "$$d/config.yaml" && echo "snakemake --lint: clean"
 
 test: lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest

@@ -7,8 +7,6 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ import tifffile
 import yaml
 from scipy import ndimage
 
-from conftest import REPO
 from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import atomic_path, read_tiff
 from plexgpu.image.synth import SynthDataset, SynthSpec, load_truth
@@ -273,12 +270,3 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
             tmp.write_bytes(b"half a file")
             raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
-
-
-def test_lint_clean(tmp_path, small_synth):
-    cfg = _config(tmp_path, small_synth[0])
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--configfile", str(cfg)],
-                         cwd=REPO, capture_output=True, text=True)
-    out = res.stdout + res.stderr
-    assert "Congratulations, your workflow is in a good condition!" in out, out
-    assert "Lints for rule" not in out, out
