@@ -17,7 +17,7 @@ include: "rules/common.smk"
 rule all:
     default_target: True
     input:
-        REGISTRATION_OUTPUTS,
+        FINAL_OUTPUTS,
         QC_INDEX,
 
 

@@ -79,9 +79,9 @@ def main(argv=None) -> dict:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="plexgpu-gpu-cycle-"))
     res = work / "results"
 
-    def files(pattern):
-        return {ch: str(res / pattern.format(cycle=spec.key, ch=ch)) for ch in channels}
-
+    st, de, ed = (paths.outputs(name, res, list(channels), spec.key) for name in ("stitch", "deconvolve", "edf"))
+    for f in (st["stitched"][0], st["profiles"][0], de["deconvolved"][0], ed["edf"][0]):
+        Path(f).parent.mkdir(parents=True, exist_ok=True)
     resources = {"cpus_per_task": args.workers}
     times, peaks = {}, {}
     try:
@@ -101,21 +101,14 @@ def main(argv=None) -> dict:
                 peaks[name] = pool.total_bytes() / 2**30          # the pool's high-water mark for this stage
                 pool.free_all_blocks()
 
-        stitched, planes = files(paths.STITCHED), str(res / paths.PLANES.format(cycle=spec.key))
-        stage("stitch", lambda ctx: stages.stitch(ctx, spec, cfg["basic"], cfg["stitch"], {
-            "stitched": stitched, "profiles": files(paths.PROFILES), "planes": planes,
-            "positions": str(res / paths.POSITIONS.format(cycle=spec.key)),
-            "pairs": str(res / paths.PAIRS.format(cycle=spec.key))}, read_plane=lambda ch, z: raw[ch, z]))
+        stage("stitch", lambda ctx: stages.stitch(ctx, spec, cfg["basic"], cfg["stitch"], st,
+                                                  read_plane=lambda ch, z: raw[ch, z]))
         raw.clear()                       # the tiles are stitched: their memory back before deconvolution
-        deconvolved = files(paths.DECONVOLVED)
-        stage("deconvolve", lambda ctx: stages.deconvolve(ctx, spec, cfg["optics"], cfg["deconvolution"], stitched,
-                                                          deconvolved))
-        stage("edf", lambda ctx: stages.extended_depth(
-            ctx, spec, cfg["edf"], {"quantification": stitched, "deconvolved": deconvolved}, planes,
-            {"quantification": files(paths.EDF), "deconvolved": files(paths.EDF_DECONVOLVED)}, files(paths.FOCUS)))
-        pixels = int(np.prod(StackReader(stitched[1]).shape)) * nch
-        sizes = {kind: sum(os.path.getsize(p) for p in d.values()) for kind, d in
-                 (("stitched", stitched), ("deconvolved", deconvolved))}
+        stage("deconvolve", lambda ctx: stages.deconvolve(ctx, spec, cfg["optics"], cfg["deconvolution"], st, de))
+        stage("edf", lambda ctx: stages.extended_depth(ctx, spec, cfg["edf"], {**st, **de}, ed))
+        pixels = int(np.prod(StackReader(st["stitched"][0]).shape)) * nch
+        sizes = {kind: sum(os.path.getsize(p) for p in files) for kind, files in
+                 (("stitched", st["stitched"]), ("deconvolved", de["deconvolved"]))}
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -70,8 +70,8 @@ def run_ours(ds: SynthDataset, tmp: Path):
     config = validate_config({"raw_dir": str(raw), "results_dir": str(tmp / "results"), "compute": {"device": "cpu"}})
     spec = cycle_spec(resolve_experiment(config), 1)
     res = tmp / "results"
-    out = {"stitched": {ch: str(res / f"CH{ch}.ome.tif") for ch in spec.channels},
-           "profiles": {ch: str(res / f"CH{ch}.profiles.tif") for ch in spec.channels},
+    out = {"stitched": [str(res / f"CH{ch}.ome.tif") for ch in spec.channels],
+           "profiles": [str(res / f"CH{ch}.profiles.tif") for ch in spec.channels],
            "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json")}
     res.mkdir(parents=True)
     t = {}
@@ -80,7 +80,7 @@ def run_ours(ds: SynthDataset, tmp: Path):
     with open(out["positions"]) as fh:
         pos = [(float(r["y_px"]), float(r["x_px"])) for r in csv.DictReader(fh)]
     shading = json.loads(Path(out["planes"]).read_text())["shading"]
-    return raw, {ch: read_tiff(out["profiles"][ch]) for ch in spec.channels}, pos, shading, t["s"]
+    return raw, {ch: read_tiff(p) for ch, p in zip(spec.channels, out["profiles"])}, pos, shading, t["s"]
 
 
 def noisy_planes(raw: Path, ds: SynthDataset, ch: int, z: int):

@@ -17,8 +17,9 @@ from plexgpu.cluster.assignment import (
 from plexgpu import paths
 from plexgpu.config import ConfigError, validate_config
 from plexgpu.experiment import cycle_spec, resolve_experiment
+from plexgpu.image.basic import DarkfieldSetting
 from plexgpu.io.raw import RawDataError
-from plexgpu.cluster.slurm import user_accounts
+from plexgpu.cluster.slurm import resolve_auto_slots, user_accounts
 
 if not config:
     raise WorkflowError(
@@ -26,6 +27,8 @@ if not config:
     )
 try:
     validate_config(config)  # snakemake.utils.validate against config/schema/config.schema.yaml
+    # gpu_slots: auto from sacctmgr (each job's parse too, until a run manifest carries it)
+    resolve_auto_slots(config)
     EXPERIMENT = resolve_experiment(config)
 except (ConfigError, RawDataError) as exc:
     raise WorkflowError(f"plexgpu: {exc}")
@@ -54,11 +57,6 @@ wildcard_constraints:
     cycle=r"cyc\d{3}",
 
 
-def per_channel(pattern):
-    """Paths of one file per channel; ``pattern`` keeps {cycle} as a wildcard."""
-    return expand(pattern, ch=CHANNELS, allow_missing=True)
-
-
 def raw_folder(wildcards):
     """The cycle's raw folder, one input instead of every tile (5,000 paths per job log for a real
     cycle): the tiles were proven complete when the config was read (resolve_experiment), raw data
@@ -68,8 +66,8 @@ def raw_folder(wildcards):
 
 def dark_frame(wildcards):
     """The dark frame TIFF of basic.darkfield, where the user gave one (a rerun follows it)."""
-    setting = config["basic"]["darkfield"]
-    return [setting] if isinstance(setting, str) else []
+    frame = DarkfieldSetting.from_config(config["basic"]["darkfield"]).frame
+    return [frame] if frame else []
 
 
 def psf_files(wildcards):
@@ -83,21 +81,29 @@ def res(rule_name, key):
     return config["resources"][rule_name][key]
 
 
-STITCHED = f"{R}/{paths.STITCHED}"
-PROFILES = f"{R}/{paths.PROFILES}"
-DECONVOLVED = f"{R}/{paths.DECONVOLVED}"
-EDF = f"{R}/{paths.EDF}"
-EDF_DECONVOLVED = f"{R}/{paths.EDF_DECONVOLVED}"
-FOCUS = f"{R}/{paths.FOCUS}"
-REGISTERED = f"{R}/{paths.REGISTERED}"
-REGISTERED_DECONVOLVED = f"{R}/{paths.REGISTERED_DECONVOLVED}"
-SHIFTS = f"{R}/{paths.SHIFTS}"
-PLEX = f"{R}/{paths.PLEX}"
-PLEX_DECONVOLVED = f"{R}/{paths.PLEX_DECONVOLVED}"
-MARKERS = f"{R}/{paths.MARKERS}"
-REGISTRATION_OUTPUTS = [f"{R}/{p}" for p in paths.REGISTRATION_FILES] + expand(
-    [REGISTERED, REGISTERED_DECONVOLVED], cycle=CYCLES, ch=CHANNELS
-)
+def stage_outputs(name):
+    """A stage's named outputs from the registry (paths.PIPELINE): a rule declares them with
+    ``output: **stage_outputs(name)``; a per-cycle stage keeps {cycle} as its wildcard."""
+    return paths.outputs(name, R, CHANNELS, cycles=CYCLES)
+
+
+def stage_output(name, output):
+    """One named output of a stage, as its rule declares it (an input of a later rule)."""
+    return stage_outputs(name)[output]
+
+
+def over_cycles(name, output):
+    """One per-channel output of a per-cycle stage for every cycle, cycle-major and channel-minor:
+    what a stage over all cycles reads (expand() over a list would go channel-major)."""
+    return [f for c in CYCLES for f in paths.outputs(name, R, CHANNELS, c)[output]]
+
+
+def flat(outputs):
+    """Every path of a stage's named outputs, in order."""
+    return [f for v in outputs.values() for f in ([v] if isinstance(v, str) else v)]
+
+
+FINAL_OUTPUTS = flat(stage_outputs(paths.PIPELINE[-1].name))  # the last stage's files: target `all`
 QC_INDEX = f"{R}/{paths.QC_INDEX}"
 ACCOUNTING = f"{R}/{paths.ACCOUNTING}"  # one record per GPU job, written by the job itself
 

@@ -1,4 +1,5 @@
-# Per cycle, one GPU job each: stitch -> deconvolve -> edf.
+# Per cycle, one GPU job each: stitch -> deconvolve -> edf. Outputs are the stage registry's
+# (paths.PIPELINE); each script hands snakemake.input/output straight to its stage function.
 
 
 rule stitch:
@@ -6,11 +7,7 @@ rule stitch:
         raw=raw_folder,
         dark=dark_frame,
     output:
-        stitched=per_channel(STITCHED),
-        profiles=per_channel(PROFILES),
-        positions=f"{R}/{paths.POSITIONS}",
-        pairs=f"{R}/{paths.PAIRS}",
-        planes=f"{R}/{paths.PLANES}",
+        **stage_outputs("stitch"),
     log:
         f"{R}/logs/stitch/{{cycle}}.log",
     conda:
@@ -30,10 +27,10 @@ rule stitch:
 
 rule deconvolve:
     input:
-        stitched=per_channel(STITCHED),
+        stitched=stage_output("stitch", "stitched"),
         psf=psf_files,
     output:
-        deconvolved=per_channel(DECONVOLVED),
+        **stage_outputs("deconvolve"),
     log:
         f"{R}/logs/deconvolve/{{cycle}}.log",
     conda:
@@ -53,13 +50,11 @@ rule deconvolve:
 
 rule edf:
     input:
-        stitched=per_channel(STITCHED),
-        deconvolved=per_channel(DECONVOLVED),
-        planes=f"{R}/{paths.PLANES}",
+        stitched=stage_output("stitch", "stitched"),
+        deconvolved=stage_output("deconvolve", "deconvolved"),
+        planes=stage_output("stitch", "planes"),
     output:
-        edf=per_channel(EDF),
-        edf_deconvolved=per_channel(EDF_DECONVOLVED),
-        focus=per_channel(FOCUS),
+        **stage_outputs("edf"),
     log:
         f"{R}/logs/edf/{{cycle}}.log",
     conda:

@@ -4,10 +4,14 @@
 
 rule qc_stitch:
     input:
-        profiles=per_channel(PROFILES),
-        pairs=f"{R}/{paths.PAIRS}",
-        planes=f"{R}/{paths.PLANES}",
-        reference=expand(STITCHED, ch=config["registration"]["reference_channel"], allow_missing=True),
+        profiles=stage_output("stitch", "profiles"),
+        pairs=stage_output("stitch", "pairs"),
+        planes=stage_output("stitch", "planes"),
+        reference=expand(
+            f"{R}/{paths.output_pattern('stitch', 'stitched')}",
+            ch=config["registration"]["reference_channel"],
+            allow_missing=True,
+        ),
     output:
         png=f"{R}/qc/stitch/{{cycle}}.png",
         shading=f"{R}/qc/stitch/{{cycle}}.shading.png",
@@ -25,8 +29,8 @@ rule qc_stitch:
 
 rule qc_decon:
     input:
-        stitched=per_channel(STITCHED),
-        deconvolved=per_channel(DECONVOLVED),
+        stitched=stage_output("stitch", "stitched"),
+        deconvolved=stage_output("deconvolve", "deconvolved"),
     output:
         png=f"{R}/qc/deconvolve/{{cycle}}.png",
         metrics=f"{R}/qc/deconvolve/{{cycle}}.json",
@@ -43,9 +47,9 @@ rule qc_decon:
 
 rule qc_edf:
     input:
-        edf=per_channel(EDF),
-        focus=per_channel(FOCUS),
-        planes=f"{R}/{paths.PLANES}",
+        edf=stage_output("edf", "edf"),
+        focus=stage_output("edf", "focus"),
+        planes=stage_output("stitch", "planes"),
     output:
         png=f"{R}/qc/edf/{{cycle}}.png",
         metrics=f"{R}/qc/edf/{{cycle}}.json",
@@ -62,8 +66,12 @@ rule qc_edf:
 
 rule qc_registration:
     input:
-        shifts=SHIFTS,
-        reference=expand(REGISTERED, cycle=CYCLES, ch=config["registration"]["reference_channel"]),
+        shifts=stage_output("registration", "shifts"),
+        reference=expand(
+            f"{R}/{paths.output_pattern('registration', 'registered')}",
+            cycle=CYCLES,
+            ch=config["registration"]["reference_channel"],
+        ),
     output:
         overlays=expand(f"{R}/qc/registration/{{cycle}}.png", cycle=CYCLES),
         metrics=f"{R}/qc/registration.json",
@@ -83,7 +91,7 @@ rule qc_registration:
 rule qc:
     input:
         stitch=expand(f"{R}/qc/stitch/{{cycle}}.json", cycle=CYCLES),
-        decon=expand(f"{R}/qc/deconvolve/{{cycle}}.json", cycle=CYCLES),
+        deconvolve=expand(f"{R}/qc/deconvolve/{{cycle}}.json", cycle=CYCLES),
         edf=expand(f"{R}/qc/edf/{{cycle}}.json", cycle=CYCLES),
         registration=f"{R}/qc/registration.json",
     output:

@@ -4,15 +4,10 @@
 
 rule registration:
     input:
-        edf=expand(EDF, cycle=CYCLES, ch=CHANNELS),
-        edf_deconvolved=expand(EDF_DECONVOLVED, cycle=CYCLES, ch=CHANNELS),
+        edf=over_cycles("edf", "edf"),
+        edf_deconvolved=over_cycles("edf", "edf_deconvolved"),
     output:
-        registered=expand(REGISTERED, cycle=CYCLES, ch=CHANNELS),
-        registered_deconvolved=expand(REGISTERED_DECONVOLVED, cycle=CYCLES, ch=CHANNELS),
-        shifts=SHIFTS,
-        plex=PLEX,
-        plex_deconvolved=PLEX_DECONVOLVED,
-        markers=MARKERS,
+        **stage_outputs("registration"),
     log:
         f"{R}/logs/registration/registration.log",
     conda:

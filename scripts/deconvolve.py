@@ -13,6 +13,4 @@ sm = snakemake  # noqa: F821 (provided by Snakemake)
 spec = CycleSpec.from_dict(sm.params.spec)
 with job_context("deconvolve", sm.log[0], sm.resources, sm.params.device, sm.params.accounting,
                  sm.wildcards.cycle) as ctx:
-    stages.deconvolve(ctx, spec, sm.params.optics, sm.params.deconvolution,
-                      dict(zip(spec.channels, sm.input.stitched)),
-                      dict(zip(spec.channels, sm.output.deconvolved)))
+    stages.deconvolve(ctx, spec, sm.params.optics, sm.params.deconvolution, sm.input, sm.output)

@@ -13,10 +13,4 @@ sm = snakemake  # noqa: F821 (provided by Snakemake)
 spec = CycleSpec.from_dict(sm.params.spec)
 with job_context("edf", sm.log[0], sm.resources, sm.params.device, sm.params.accounting,
                  sm.wildcards.cycle) as ctx:
-    stages.extended_depth(ctx, spec, sm.params.edf,
-                          {"quantification": dict(zip(spec.channels, sm.input.stitched)),
-                           "deconvolved": dict(zip(spec.channels, sm.input.deconvolved))},
-                          sm.input.planes,
-                          {"quantification": dict(zip(spec.channels, sm.output.edf)),
-                           "deconvolved": dict(zip(spec.channels, sm.output.edf_deconvolved))},
-                          dict(zip(spec.channels, sm.output.focus)))
+    stages.extended_depth(ctx, spec, sm.params.edf, sm.input, sm.output)

@@ -12,11 +12,4 @@ from plexgpu.job import job_context
 sm = snakemake  # noqa: F821 (provided by Snakemake)
 specs = [CycleSpec.from_dict(d) for d in sm.params.specs]
 with job_context("registration", sm.log[0], sm.resources, sm.params.device, sm.params.accounting) as ctx:
-    stages.register(ctx, specs, sm.params.registration,
-                    {"quantification": stages.by_cycle_and_channel(specs, list(sm.input.edf)),
-                     "deconvolved": stages.by_cycle_and_channel(specs, list(sm.input.edf_deconvolved))},
-                    {"registered": {"quantification": stages.by_cycle_and_channel(specs, list(sm.output.registered)),
-                                    "deconvolved": stages.by_cycle_and_channel(specs,
-                                                                               list(sm.output.registered_deconvolved))},
-                     "shifts": sm.output.shifts, "markers": sm.output.markers,
-                     "plex": {"quantification": sm.output.plex, "deconvolved": sm.output.plex_deconvolved}})
+    stages.register(ctx, specs, sm.params.registration, sm.input, sm.output)

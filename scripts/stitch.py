@@ -13,10 +13,4 @@ sm = snakemake  # noqa: F821 (provided by Snakemake)
 spec = CycleSpec.from_dict(sm.params.spec)
 with job_context("stitch", sm.log[0], sm.resources, sm.params.device, sm.params.accounting,
                  sm.wildcards.cycle) as ctx:
-    stages.stitch(ctx, spec, sm.params.basic, sm.params.stitch, {
-        "stitched": dict(zip(spec.channels, sm.output.stitched)),
-        "profiles": dict(zip(spec.channels, sm.output.profiles)),
-        "positions": sm.output.positions,
-        "pairs": sm.output.pairs,
-        "planes": sm.output.planes,
-    })
+    stages.stitch(ctx, spec, sm.params.basic, sm.params.stitch, sm.output)

@@ -194,7 +194,8 @@ def test_synth_bad_arguments_one_line(tmp_path, capsys, args, expect):
 def test_plan_bad_gpu_minutes_one_line(tmp_path):
     res = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--simulate", "--configfile", "x.yaml",
                           "--gpu-minutes", "abc"], capture_output=True, text=True)
-    assert res.returncode == 2 and "argument --gpu-minutes: three positive minutes" in res.stderr
+    assert res.returncode == 2
+    assert "argument --gpu-minutes: 3 positive minutes, one per stage stitch,deconvolve,edf" in res.stderr
     assert "Traceback" not in res.stderr
 
 
@@ -276,7 +277,9 @@ def test_gpu_slots_auto_without_a_slurm_limit_is_one_line(monkeypatch, small_syn
     from plexgpu.config import ConfigError, validate_config
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
+    config = validate_config({"raw_dir": str(small_synth[0]), "accounts": [{"name": "clive", "gpu_slots": "auto"}]})
+    assert config["accounts"][0]["gpu_slots"] == "auto"         # validation asks no cluster
     with pytest.raises(ConfigError) as err:
-        validate_config({"raw_dir": str(small_synth[0]), "accounts": [{"name": "clive", "gpu_slots": "auto"}]})
+        slurm.resolve_auto_slots(config)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("config key accounts[0].gpu_slots = auto") and "clive" in msg

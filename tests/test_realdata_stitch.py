@@ -21,6 +21,7 @@ from plexgpu.io.tiff import read_tiff
 from plexgpu.job import job_context
 from plexgpu.image.phasecorr import ncc
 
+pytestmark = pytest.mark.slow                     # a real-data run: the full tier (make test) only
 ROWS, COLS, ORDER = 7, 9, "snake-rows-top-right"
 
 
@@ -46,7 +47,7 @@ def wsi(realdata, tmp_path_factory):
                      z_step_um=1.0, emission_nm=(520.0,))
     res = tmp / "results"
     res.mkdir()
-    out = {"stitched": {1: str(res / "CH1.ome.tif")}, "profiles": {1: str(res / "CH1.profiles.tif")},
+    out = {"stitched": [str(res / "CH1.ome.tif")], "profiles": [str(res / "CH1.profiles.tif")],
            "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json")}
     from plexgpu.config import validate_config
 
@@ -58,7 +59,7 @@ def wsi(realdata, tmp_path_factory):
         pos = np.array([[float(r["y_px"]), float(r["x_px"])] for r in csv.DictReader(fh)])
     with open(out["pairs"]) as fh:
         pairs = [r for r in csv.DictReader(fh) if r["tile_a"].isdigit()]
-    return {"tiles": tiles, "pos": pos, "pairs": pairs, "profiles": read_tiff(out["profiles"][1]),
+    return {"tiles": tiles, "pos": pos, "pairs": pairs, "profiles": read_tiff(out["profiles"][0]),
             "fiji": _fiji(src / "TileConfiguration.registered.txt"), "planes": json.loads((res / "planes.json").read_text()),
             "ref": np.load(src / "basicpy_reference_results.npz", allow_pickle=True)["wsi_brain"].item()}
 

@@ -171,25 +171,3 @@ def test_rule_edited_to_drop_gpu_is_refused(tmp_path, small_synth):
     assert res.returncode != 0
     assert "is a GPU stage but asks for no GPU" in out, out[-2000:]
     assert not (tmp_path / "res" / "stitched").exists()
-
-
-def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path):
-    """One stage registry (paths.PIPELINE): a stage inserted there (say background subtraction after
-    stitch) is a GPU stage with its rank for the scheduler, a row of `plexgpu status`, a line of a
-    failed run's summary and a stage of stage_files -- with no other list to edit."""
-    from plexgpu import paths
-    from plexgpu.cluster import rerun
-
-    new = paths.Stage("background", ("background/{cycle}/CH{ch}.ome.tif",))
-    monkeypatch.setattr(paths, "PIPELINE", paths.PIPELINE[:1] + (new,) + paths.PIPELINE[1:])
-    assert paths.cycle_stages() == ("stitch", "background", "deconvolve", "edf")
-    assert paths.gpu_stage_rank("background") == 2 and paths.gpu_stage_rank("registration") == 5
-    assert paths.stage_files(tmp_path, "background", "cyc001", [1, 2]) == [
-        tmp_path / "background/cyc001/CH1.ome.tif", tmp_path / "background/cyc001/CH2.ome.tif"]
-    rows = rerun.status(tmp_path, tmp_path, ["cyc001"], [1], "plexgpu-test")
-    assert [(r.cycle, r.stage) for r in rows] == [("cyc001", "stitch"), ("cyc001", "background"),
-                                                  ("cyc001", "deconvolve"), ("cyc001", "edf"),
-                                                  ("all", "registration")]
-    assert "cyc001: stitch, background, deconvolve, edf" in rerun.next_steps(tmp_path, ["cyc001"], [1], ["c.yaml"])
-    job = Job("background", "cyc001", "clive", 3)
-    assert plugin.is_gpu_stage(job) and job.scheduler_resources["gpu_stage"] == 2

@@ -116,7 +116,7 @@ def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, 
     plan shows config, limit, in use and free, warns where the config exceeds the limit and where a
     request does not fit the partition's nodes, and prints -j = free slots."""
     from plexgpu.config import validate_config
-    from plexgpu.cluster.slurm import gpu_limit
+    from plexgpu.cluster.slurm import gpu_limit, resolve_auto_slots
 
     assert gpu_limit("clive") == (3, "association clive GrpTRES")
     qos = f"plexgpu{uuid.uuid4().hex[:6]}"
@@ -126,9 +126,9 @@ def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, 
     try:
         assert sh("modify", "user", "where", "name=root", "account=maigan", "set", f"qos+={qos}").returncode == 0
         assert gpu_limit("maigan") == (1, f"QOS {qos} MaxTRESPerUser")
-        cfg = validate_config({"raw_dir": str(small_synth[0]), "accounts": [
+        cfg = resolve_auto_slots(validate_config({"raw_dir": str(small_synth[0]), "accounts": [
             {"name": "clive", "gpu_slots": "auto", "partition": "hpg-b200"},
-            {"name": "maigan", "gpu_slots": "auto", "partition": "hpg-b200"}]})
+            {"name": "maigan", "gpu_slots": "auto", "partition": "hpg-b200"}]}))
         assert [a["gpu_slots"] for a in cfg["accounts"]] == [3, 1]
         path = tmp_path / "c.yaml"
         import yaml

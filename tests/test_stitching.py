@@ -187,7 +187,7 @@ def test_stitch_job_with_a_wrong_grid_fails_in_one_line(tmp_path):
     spec = replace(cycle_spec(resolve_experiment(config), 1), rows=2, cols=8)
     res = tmp_path / "res"
     res.mkdir()
-    out = {"stitched": {1: str(res / "CH1.ome.tif")}, "profiles": {1: str(res / "CH1.profiles.tif")},
+    out = {"stitched": [str(res / "CH1.ome.tif")], "profiles": [str(res / "CH1.profiles.tif")],
            "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json")}
     with pytest.raises(stitching.StitchQualityError) as err:
         with job_context("stitch", str(tmp_path / "stitch.log"), {"cpus_per_task": 1}, "cpu") as ctx:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plexgpu import stages
+from plexgpu import paths, stages
 from plexgpu import xp as xpmod
 from plexgpu.config import validate_config
 from plexgpu.experiment import cycle_spec, resolve_experiment
@@ -70,45 +70,39 @@ def _run_stages(raw: Path, res: Path, backend) -> dict:
     config["deconvolution"]["iterations"] = 5
     exp = resolve_experiment(config)
     specs = [cycle_spec(exp, c) for c in exp.cycles[:2]]
-    edf_in: dict = {"quantification": {}, "deconvolved": {}}
-    for spec in specs:
-        d = res / spec.key
-        d.mkdir(parents=True)
-        st = {ch: str(d / f"CH{ch}.stitched.ome.tif") for ch in spec.channels}
-        de = {ch: str(d / f"CH{ch}.deconvolved.ome.tif") for ch in spec.channels}
-        out = {"stitched": st, "profiles": {ch: str(d / f"CH{ch}.profiles.tif") for ch in spec.channels},
-               "positions": str(d / "positions.csv"), "pairs": str(d / "pairs.csv"), "planes": str(d / "planes.json")}
-        edf_out = {"quantification": {ch: str(d / f"CH{ch}.edf.ome.tif") for ch in spec.channels},
-                   "deconvolved": {ch: str(d / f"CH{ch}.edf_deconvolved.ome.tif") for ch in spec.channels}}
+    for spec in specs:                                     # the registry's layout, as the rules give it
+        st, de, ed = (paths.outputs(name, res, spec.channels, spec.key) for name in ("stitch", "deconvolve", "edf"))
+        for f in (st, de, ed):
+            Path(f[next(iter(f))][0]).parent.mkdir(parents=True, exist_ok=True)
+        Path(st["positions"]).parent.mkdir(parents=True, exist_ok=True)
         for rule, run in [
-            ("stitch", lambda c: stages.stitch(c, spec, config["basic"], config["stitch"], out)),
+            ("stitch", lambda c: stages.stitch(c, spec, config["basic"], config["stitch"], st)),
             ("deconvolve", lambda c: stages.deconvolve(c, spec, config["optics"], config["deconvolution"], st, de)),
-            ("edf", lambda c: stages.extended_depth(c, spec, config["edf"], {"quantification": st, "deconvolved": de},
-                                                    out["planes"], edf_out,
-                                                    {ch: str(d / f"CH{ch}.focus.tif") for ch in spec.channels})),
+            ("edf", lambda c: stages.extended_depth(c, spec, config["edf"], {**st, **de}, ed)),
         ]:
             with job_context(rule, str(res / f"{rule}.{spec.key}.log"), {"cpus_per_task": 2}, "cpu") as ctx:
                 ctx.xp = backend
                 run(ctx)
-        for kind in edf_in:
-            edf_in[kind][spec.key] = edf_out[kind]
-    reg_out = {"registered": {k: {s.key: {ch: str(res / f"{s.key}_{k}_CH{ch}.tif") for ch in s.channels} for s in specs}
-                              for k in edf_in},
-               "shifts": str(res / "shifts.csv"), "markers": str(res / "markers.csv"),
-               "plex": {k: str(res / f"plex_{k}.ome.tif") for k in edf_in}}
+    keys = [s.key for s in specs]
+    reg_in = {name: [f for k in keys for f in paths.outputs("edf", res, specs[0].channels, k)[name]]
+              for name in ("edf", "edf_deconvolved")}
+    reg_out = paths.outputs("registration", res, specs[0].channels, cycles=keys)
+    for f in reg_out["registered"] + reg_out["registered_deconvolved"] + [reg_out["plex"]]:
+        Path(f).parent.mkdir(parents=True, exist_ok=True)
     with job_context("registration", str(res / "registration.log"), {"cpus_per_task": 2}, "cpu") as ctx:
         ctx.xp = backend
-        stages.register(ctx, specs, config["registration"], edf_in, reg_out)
+        stages.register(ctx, specs, config["registration"], reg_in, reg_out)
     first = specs[1]
-    with open(res / first.key / "positions.csv") as fh:
+    st, de, ed = (paths.outputs(name, res, first.channels, first.key) for name in ("stitch", "deconvolve", "edf"))
+    with open(st["positions"]) as fh:
         positions = np.array([[float(r["y_px"]), float(r["x_px"])] for r in csv.DictReader(fh)])
-    return {"stitched": read_tiff(res / first.key / "CH1.stitched.ome.tif"),
-            "deconvolved": read_tiff(res / first.key / "CH1.deconvolved.ome.tif"),
-            "edf": read_tiff(res / first.key / "CH1.edf.ome.tif"),
+    return {"stitched": read_tiff(st["stitched"][0]),
+            "deconvolved": read_tiff(de["deconvolved"][0]),
+            "edf": read_tiff(ed["edf"][0]),
             "positions": positions,
-            "planes": json.loads((res / first.key / "planes.json").read_text())["recorded"],
-            "shifts": (res / "shifts.csv").read_text(),
-            "plex": read_tiff(res / "plex_quantification.ome.tif")}
+            "planes": json.loads(Path(st["planes"]).read_text())["recorded"],
+            "shifts": Path(reg_out["shifts"]).read_text(),
+            "plex": read_tiff(reg_out["plex"])}
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +116,7 @@ def strict_and_numpy(small_synth, tmp_path_factory):
     return strict, host, ledger
 
 
+@pytest.mark.slow
 def test_stages_run_under_the_strict_stand_in_and_agree_with_numpy(strict_and_numpy):
     """stitch -> deconvolve -> edf -> registration on device arrays give NumPy's results: the
     device branches (batched BaSiC fits, device FFTs) compute the same thing."""
@@ -136,6 +131,7 @@ def test_stages_run_under_the_strict_stand_in_and_agree_with_numpy(strict_and_nu
     assert strict["shifts"] == host["shifts"]
 
 
+@pytest.mark.slow
 def test_stages_keep_float32_on_the_device(strict_and_numpy):
     """No float64 device array larger than a few thousand elements anywhere in the four stages
     (float64 doubles device memory and runs at 1/32..1/64 of float32 speed on most GPUs)."""

@@ -40,3 +40,15 @@ def run(workdir: Path, configfile: Path, targets=("registration",), overrides: d
         wf = _workflow(api, workdir, configfile, overrides, cores)
         dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
         dag.execute_workflow(executor="local", execution_settings=ExecutionSettings(keep_going=keep_going))
+
+
+def job_outputs(workdir: Path, configfile: Path, targets=("registration",)) -> dict:
+    """Every job a run would execute with its named outputs: {(rule, cycle or ''): {name: [paths]}}."""
+    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        wf = _workflow(api, workdir, configfile, None, 1)
+        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
+        dag.execute_workflow(executor="dryrun")
+        return {(j.rule.name, j.wildcards.get("cycle", "")):
+                {name: [str(f) for f in ([files] if isinstance(files, str) else files)]
+                 for name, files in j.output.items()}
+                for j in wf._workflow.dag._needrun}

@@ -72,7 +72,7 @@ def cmd_validate(args) -> int:
     from .experiment import resolve_experiment
 
     t0 = time.perf_counter()
-    config = load_config(args.configfile)
+    config = load_config(args.configfile, slots=True)
     exp = resolve_experiment(config, read_headers=True, workers=args.workers)
     table = Table(title=f"plexgpu: {len(exp.cycles)} cycles in {exp.raw_dir}")
     for col in ("cycle", "folder", "tiles", "z-planes", "channels", "markers"):
@@ -103,15 +103,26 @@ def snakemake_command(configfiles: list[str], target: str, jobs: int, options: l
             f"{' '.join(options)} -j {jobs}")
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    """'8,12,1.5' -> three positive minutes (stitch, deconvolve, edf), for argparse: one line otherwise."""
+def _minutes(text: str) -> tuple[float, ...]:
+    """'8,12,1.5' -> one positive number of minutes per per-cycle stage of the registry, for argparse:
+    one line otherwise."""
+    from .paths import cycle_stages
+
+    stages = cycle_stages()
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3 or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"three positive minutes for stitch,deconvolve,edf like 8,12,1.5, not {text!r}")
+    if len(values) != len(stages) or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{len(stages)} positive minutes, one per stage {','.join(stages)}, "
+                                         f"not {text!r}")
     return values
+
+
+def _minutes_text(kind: str) -> str:
+    from .cluster.simulate import reference_minutes
+
+    return ",".join(f"{m:g}" for m in reference_minutes(kind))
 
 
 def cmd_simulate(args, config) -> int:
@@ -139,8 +150,9 @@ def cmd_plan(args) -> int:
     from .config import load_config
     from .experiment import resolve_experiment
     from .cluster.slurm import gpu_limit, gpus_in_use, user_accounts
+    from .paths import PIPELINE, cycle_stages
 
-    config = load_config(args.configfile)
+    config = load_config(args.configfile, slots=True)
     if args.simulate:
         return cmd_simulate(args, config)
     exp = resolve_experiment(config)
@@ -153,8 +165,9 @@ def cmd_plan(args) -> int:
     for col in ("cycle", "account", "partition", "stages"):
         table.add_column(col)
     for key, slot in assignment.items():
-        table.add_row(key, slot.account, slot.partition or "(default)", "stitch -> deconvolve -> edf")
-    table.add_row("all", reg.account, reg.partition or "(default)", "registration")
+        table.add_row(key, slot.account, slot.partition or "(default)", " -> ".join(cycle_stages()))
+    table.add_row("all", reg.account, reg.partition or "(default)",
+                  ", ".join(s.name for s in PIPELINE if not s.per_cycle and s.gpu))
     console.print(table)
     slots = Table(title="GPU slots per account (config, SLURM's limit for you, held now by your running jobs)")
     for col in ("account", "gpu_slots", "SLURM limit", "in use", "free", "cycles"):
@@ -231,11 +244,11 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _run_context(args):
+def _run_context(args, slots: bool = False):
     from .config import load_config
     from .experiment import resolve_experiment
 
-    config = load_config(args.configfile)
+    config = load_config(args.configfile, slots=slots)
     exp = resolve_experiment(config)
     workdir = Path(args.directory).resolve()
     return config, exp, workdir, Path(args.profile)
@@ -282,7 +295,7 @@ def cmd_rerun(args) -> int:
     from .cluster.assignment import total_slots
     from .cluster.rerun import rerun
 
-    config, exp, workdir, profile = _run_context(args)
+    config, exp, workdir, profile = _run_context(args, slots=True)
     jobs = total_slots(config["accounts"]) if config["accounts"] else 1
     return rerun(args.configfile, args.target, workdir, profile, jobs, exp.results_dir, exp.cycle_keys,
                  exp.channels, args.snakemake_args)
@@ -319,8 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--simulate", action="store_true", help="simulate the run's makespan instead")
     pl.add_argument("--policy", choices=["gpu-only", "cpu-fallback", "both"], default="both")
     pl.add_argument("--cycles", type=int, help="number of cycles (default: those found in raw_dir)")
-    pl.add_argument("--gpu-minutes", default="8,12,1.5", type=_floats, help="stitch,deconvolve,edf minutes on a GPU")
-    pl.add_argument("--cpu-minutes", default="200,60,22", type=_floats, help="stitch,deconvolve,edf minutes on a CPU slot")
+    from .paths import cycle_stages
+
+    stage_list = ",".join(cycle_stages())
+    pl.add_argument("--gpu-minutes", default=_minutes_text("gpu"), type=_minutes, help=f"{stage_list} minutes on a GPU")
+    pl.add_argument("--cpu-minutes", default=_minutes_text("cpu"), type=_minutes,
+                    help=f"{stage_list} minutes on a CPU slot")
     pl.add_argument("--cpu-slots", type=int, default=1)
     pl.add_argument("--registration-minutes", type=float, default=0.0)
     pl.set_defaults(func=cmd_plan)

@@ -56,7 +56,8 @@ def _key_path(error) -> str:
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     """Validate ``config`` in place against the schema and fill in its defaults.
 
-    Raises ConfigError with one line naming the offending key.
+    Raises ConfigError with one line naming the offending key. Asks no cluster anything:
+    ``gpu_slots: auto`` stays as it is until ``cluster.slurm.resolve_auto_slots`` asks SLURM on purpose.
     """
     import jsonschema
     from snakemake.utils import validate
@@ -79,23 +80,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     if twice:
         raise ConfigError(f"config key accounts: {', '.join(twice)} listed more than once; give each account once "
                           "with all its gpu_slots")
-    _resolve_auto_slots(config.get("accounts", []))
     return config
-
-
-def _resolve_auto_slots(accounts: list[dict]) -> None:
-    """gpu_slots: auto -> SLURM's GPU limit for this user on that account (its origin in ``gpu_slots_from``)."""
-    from .cluster.slurm import gpu_limit
-
-    for i, a in enumerate(accounts):
-        if a["gpu_slots"] != "auto":
-            continue
-        limit, source = gpu_limit(a["name"])
-        if limit is None:
-            raise ConfigError(f"config key accounts[{i}].gpu_slots = auto: SLURM sets no gres/gpu limit for account "
-                              f"{a['name']} that sacctmgr shows (association or QOS GrpTRES / MaxTRESPerUser), or "
-                              "SLURM cannot be asked here; give the number of GPUs the account may hold")
-        a.update(gpu_slots=limit, gpu_slots_from=source)
 
 
 def _describe(error) -> str:
@@ -115,9 +100,15 @@ def _describe(error) -> str:
     return f"config key {where}: {error.message}"
 
 
-def load_config(paths: Iterable[str | Path], overrides: dict | None = None) -> dict[str, Any]:
-    """Read, merge and validate config files; the single entry point of the CLI."""
+def load_config(paths: Iterable[str | Path], overrides: dict | None = None, slots: bool = False) -> dict[str, Any]:
+    """Read, merge and validate config files; the single entry point of the CLI. ``slots``: also
+    resolve ``gpu_slots: auto`` from SLURM (the commands that assign cycles or size ``-j``)."""
     config = read_config_files(paths)
     if overrides:
         _deep_update(config, overrides)
-    return validate_config(config)
+    validate_config(config)
+    if slots:
+        from .cluster.slurm import resolve_auto_slots
+
+        resolve_auto_slots(config)
+    return config

@@ -107,43 +107,73 @@ def _resolve_markers(config: dict, meta: dict, raw_dir: Path, cycles: list[int],
 def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 1) -> Experiment:
     """Discover the raw data a validated config points at and check it is complete.
 
-    ``read_headers`` also reads every TIFF header (one shape and dtype per cycle).
+    ``read_headers`` also reads every TIFF header (one shape and dtype per cycle) and the files the
+    config names (a measured PSF, a dark frame). The steps: metadata beside the cycles -> the cycle
+    folders -> each cycle's tile inventory -> markers, wavelengths and reference channels -> headers.
     """
     raw_dir = Path(config["raw_dir"])
     check_optics(config["optics"])
     meta = read_experiment_json(raw_dir) if raw_dir.is_dir() else {}
-    region = config["region"]
-    grid, optics = config["grid"], config["optics"]
-    cycles_cfg, source = config.get("cycles"), "config key cycles"
-    if cycles_cfg is None and "num_cycles" in meta:
-        cycles_cfg, source = list(range(1, meta["num_cycles"] + 1)), f"{raw_dir / 'experiment.json'} numCycles"
     _check_results_outside_raw(raw_dir, Path(config["results_dir"]))
-    dirs = select_cycle_dirs(raw_dir, cycles_cfg, region, source)
+    dirs = _cycle_folders(config, meta, raw_dir)
     cycles = sorted(dirs)
+    grid, optics = config["grid"], config["optics"]
     rows = _pick(grid.get("rows"), meta, "rows", "grid.rows")
     cols = _pick(grid.get("cols"), meta, "cols", "grid.cols")
     overlap = _pick(grid.get("overlap"), meta, "overlap", "grid.overlap")
-    z_cfg = _pick(grid.get("z_planes"), meta, "z_planes", "grid.z_planes", required=False)
+    inventories, channels, z_planes = _inventories(config, meta, dirs, rows * cols)
+    exp = Experiment(
+        raw_dir=raw_dir, results_dir=Path(config["results_dir"]), region=config["region"], cycles=cycles,
+        inventories=inventories, channels=channels, markers=_resolve_markers(config, meta, raw_dir, cycles, channels),
+        rows=rows, cols=cols, overlap=float(overlap), order=grid["order"], z_planes=z_planes,
+        pixel_size_um=float(_pick(optics.get("pixel_size_um"), meta, "pixel_size_um", "optics.pixel_size_um")),
+        z_step_um=float(_pick(optics.get("z_step_um"), meta, "z_step_um", "optics.z_step_um")),
+        emission_nm=_emission(optics, channels),
+    )
+    _check_references(config, channels, cycles)
+    if read_headers:
+        _read_headers(exp, config, workers)
+    return exp
+
+
+def _cycle_folders(config: dict, meta: dict, raw_dir: Path) -> dict[int, Path]:
+    """{cycle: its one folder}: the config's cycles, else experiment.json's numCycles, else all found."""
+    cycles_cfg, source = config.get("cycles"), "config key cycles"
+    if cycles_cfg is None and "num_cycles" in meta:
+        cycles_cfg, source = list(range(1, meta["num_cycles"] + 1)), f"{raw_dir / 'experiment.json'} numCycles"
+    return select_cycle_dirs(raw_dir, cycles_cfg, config["region"], source)
+
+
+def _inventories(config: dict, meta: dict, dirs: dict[int, Path], n_tiles: int):
+    """Each cycle's tiles proven complete: (inventories, channels, z-planes); a later cycle must have
+    the first one's channels where the config names none."""
     inventories: dict[int, CycleInventory] = {}
     channels = config.get("channels")
-    z_planes = z_cfg
+    z_planes = _pick(config["grid"].get("z_planes"), meta, "z_planes", "grid.z_planes", required=False)
     known = None                                   # the first cycle's channels, where config names none
-    for c in cycles:
-        inv = inventory_cycle(c, dirs[c], region, rows * cols, channels, z_planes, known)
+    for c in sorted(dirs):
+        inv = inventory_cycle(c, dirs[c], config["region"], n_tiles, channels, z_planes, known)
         if known is None and config.get("channels") is None:
             known = list(inv.channels)
-        channels = list(inv.channels)
-        z_planes = inv.z_planes
+        channels, z_planes = list(inv.channels), inv.z_planes
         inventories[c] = inv
     if z_planes < MIN_PLANES:
-        raise RawDataError(f"{dirs[cycles[0]]}: {z_planes} z-plane(s) per tile; extended depth of field needs "
+        raise RawDataError(f"{dirs[min(dirs)]}: {z_planes} z-plane(s) per tile; extended depth of field needs "
                            f"at least {MIN_PLANES} (grid.z_planes / experiment.json)")
-    markers = _resolve_markers(config, meta, raw_dir, cycles, channels)
+    return inventories, channels, z_planes
+
+
+def _emission(optics: dict, channels: list[int]) -> dict[int, float]:
     emission = dict(DEFAULT_EMISSION_NM)
     emission.update({int(k): float(v) for k, v in optics.get("emission_nm", {}).items()})
-    missing_em = [ch for ch in channels if ch not in emission]
-    if missing_em:
-        raise RawDataError(f"config key optics.emission_nm has no wavelength for channel(s) {missing_em}")
+    missing = [ch for ch in channels if ch not in emission]
+    if missing:
+        raise RawDataError(f"config key optics.emission_nm has no wavelength for channel(s) {missing}")
+    return {ch: emission[ch] for ch in channels}
+
+
+def _check_references(config: dict, channels: list[int], cycles: list[int]) -> None:
+    """The reference channels and cycle the config names exist in the data."""
     ref = config["stitch"]["reference_channel"]
     if ref not in channels:
         raise RawDataError(f"config key stitch.reference_channel = {ref} is not among channels {channels}")
@@ -154,41 +184,32 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
     if reg.get("reference_cycle") is not None and reg["reference_cycle"] not in cycles:
         raise RawDataError(f"config key registration.reference_cycle = {reg['reference_cycle']} "
                            f"is not among cycles {cycles}")
-    exp = Experiment(
-        raw_dir=raw_dir, results_dir=Path(config["results_dir"]), region=region, cycles=cycles,
-        inventories=inventories, channels=channels, markers=markers, rows=rows, cols=cols,
-        overlap=float(overlap), order=grid["order"], z_planes=z_planes,
-        pixel_size_um=float(_pick(optics.get("pixel_size_um"), meta, "pixel_size_um", "optics.pixel_size_um")),
-        z_step_um=float(_pick(optics.get("z_step_um"), meta, "z_step_um", "optics.z_step_um")),
-        emission_nm={ch: emission[ch] for ch in channels},
-    )
-    if read_headers:
-        shapes = {}
-        for c in cycles:
-            shapes[c] = check_headers(inventories[c], region, workers)
-        exp.tile_shape, exp.dtype = shapes[cycles[0]]
-        for c, (shape, _dtype) in shapes.items():
-            if len(shape) != 2:
-                raise RawDataError(f"cycle {c}: tiles must be 2-D (Y, X) images, found shape {shape}")
-        decon = config["deconvolution"]
-        files = decon.get("psf_file")
-        for ch in exp.channels if files else []:       # a measured PSF: readable, a z-stack, with its voxel size
-            from .image import psf
 
-            path = psf.file_for(decon, ch)
-            if path is None:
-                raise RawDataError(f"config key deconvolution.psf_file gives no PSF for channel {ch}")
-            try:
-                psf.measured(path, tuple(decon["psf_voxel_um"]) if decon.get("psf_voxel_um") else None,
-                             exp.z_step_um, exp.pixel_size_um)
-            except psf.PSFError as exc:
-                raise RawDataError(str(exc)) from None
-        dark = config["basic"].get("darkfield", True)
-        if isinstance(dark, str):                 # a dark frame: readable and of the tiles' shape, before any job
-            from .image.basic import known_offset
 
-            known_offset(dark, exp.tile_shape, config["basic"]["working_size"])
-    return exp
+def _read_headers(exp: Experiment, config: dict, workers: int) -> None:
+    """Every TIFF header (one 2-D shape and dtype per cycle), a measured PSF and a dark frame: readable
+    and consistent with the tiles, before any job."""
+    shapes = {c: check_headers(exp.inventories[c], exp.region, workers) for c in exp.cycles}
+    exp.tile_shape, exp.dtype = shapes[exp.cycles[0]]
+    for c, (shape, _dtype) in shapes.items():
+        if len(shape) != 2:
+            raise RawDataError(f"cycle {c}: tiles must be 2-D (Y, X) images, found shape {shape}")
+    decon = config["deconvolution"]
+    for ch in exp.channels if decon.get("psf_file") else []:   # a measured PSF: readable, a z-stack, its voxel size
+        from .image import psf
+
+        path = psf.file_for(decon, ch)
+        if path is None:
+            raise RawDataError(f"config key deconvolution.psf_file gives no PSF for channel {ch}")
+        try:
+            psf.measured(path, tuple(decon["psf_voxel_um"]) if decon.get("psf_voxel_um") else None,
+                         exp.z_step_um, exp.pixel_size_um)
+        except psf.PSFError as exc:
+            raise RawDataError(str(exc)) from None
+    from .image.basic import known_offset
+
+    # a dark frame: readable and of the tiles' shape (a number or true/false: nothing to read)
+    known_offset(config["basic"]["darkfield"], exp.tile_shape, config["basic"]["working_size"])
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import numpy as np
 
 from .image import edf
 from .io.tiff import StackReader, atomic_path, read_tiff, write_text_atomic
+from .planes import PlanesRecord
 
 THUMB_PX = 900                    # longest side of a mosaic picture
 # intensities 10 .. 100000 on a log axis, the same bins for every stage; from 10 up, every bin is at
@@ -152,12 +153,12 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
               png: str, shading_png: str, out_json: str) -> dict:
     """Mosaic with its tile graph; flat- and darkfield per channel and z (colour-mapped, ranges in
     the metrics); seam scores and the verdict."""
-    planes = json.loads(Path(planes_json).read_text())
+    planes = PlanesRecord.read(planes_json)
     pairs = _pairs(pairs_csv)
     stack = StackReader(stitched)
     mid = stack.shape[0] // 2
     plane = stack[mid]
-    _save_png(png, tile_graph_picture(plane, planes["footprints"], pairs))
+    _save_png(png, tile_graph_picture(plane, planes.footprints, pairs))
     flats, darks, shading = [], [], {}
     for path in profiles:
         prof = read_tiff(path)                                   # Z, 2 (flat, dark), Y, X
@@ -187,11 +188,11 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
     if flat_lo < FLAT_RANGE[0] or flat_hi > FLAT_RANGE[1]:
         problems.append(("warn", f"flatfield {flat_lo:.2f}..{flat_hi:.2f} of its mean: strong vignetting or a fit "
                                  "gone wrong (look at the shading picture)"))
-    uncertain = sorted(k for k, v in planes.get("shading", {}).items() if v.get("offset_uncertain"))
+    uncertain = sorted(k for k, v in planes.shading.items() if v.get("offset_uncertain"))
     if uncertain:
         problems.append(("warn", f"camera offset uncertain on {len(uncertain)} channel/z planes (dense stain: the "
                                  "offset cannot be told from specimen light)"))
-    saturated = {k: v for k, v in planes.get("saturated_after_correction", {}).items() if v}
+    saturated = {k: v for k, v in planes.saturated_after_correction.items() if v}
     if saturated:
         problems.append(("warn", f"pixels saturated by the correction in channel(s) {', '.join(saturated)}"))
     metrics = {"cycle": cycle, "pairs": len(pairs), "pairs_accepted": len(accepted),
@@ -241,13 +242,13 @@ def qc_edf(cycle: str, edf_paths: list[str], focus_paths: list[str], planes_json
            out_json: str) -> dict:
     """Per channel the EDF and its focus map (viridis over the stack's planes); planes the quality
     gate left out (the same gate the EDF job applied) and focus found at the stack's end."""
-    recorded = json.loads(Path(planes_json).read_text())["recorded"]
+    record = PlanesRecord.read(planes_json)
     rows, per_channel, problems, hist = [], {}, [], None
     for e_path, f_path in zip(edf_paths, focus_paths):
         e, f = read_tiff(e_path), read_tiff(f_path)
         name = Path(e_path).name.split(".")[0]
         ch = name[2:]
-        stats = [recorded[ch][z] for z in sorted(recorded[ch], key=int)]
+        stats = record.tile_stats(ch)
         nz = len(stats)
         kept, bad = edf.quality_gate(stats)
         at_end = float(((f <= 0.5) | (f >= nz - 1.5)).mean()) if nz > 2 else 0.0

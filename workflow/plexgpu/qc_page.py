@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import qc
+from . import paths, qc
 from .io.tiff import write_text_atomic
 
-STAGES = ("stitch", "deconvolve", "edf", "registration")    # the stages the QC rules have pictures of
-COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "fail": "#c62828"}
+COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "fail": "#c62828", "no QC": "#757575"}
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px;color:#222}
 h1{margin:0 0 .3em}h2{margin-top:1.6em;border-bottom:2px solid #ddd}
@@ -83,13 +82,19 @@ def _histogram_svg(series: dict[str, dict], width: int = 460, height: int = 170)
     return "".join(parts) + "<div class='small'>" + ", ".join(legend) + "</div>"
 
 
-def write_index(out_html: str, out_json: str, stitch: list[str], decon: list[str], edf_: list[str],
-                reg: str) -> None:
-    """Collect every stage's metrics into qc/metrics.json and qc/index.html (pictures beside it)."""
+def write_index(out_html: str, out_json: str, inputs) -> None:
+    """Collect every stage's metrics into qc/metrics.json and qc/index.html (pictures beside it).
+
+    ``inputs``: the qc rule's snakemake.input, one entry per stage of the registry (paths.PIPELINE)
+    that has QC metrics, named after it: a list of per-cycle JSON files for a per-cycle stage, one
+    file for a stage over all cycles. The verdict table has a column for every stage of the
+    registry; a stage without QC metrics says so."""
     def load(p):
         return json.loads(Path(p).read_text())
-    data = {"stitch": [load(p) for p in stitch], "deconvolve": [load(p) for p in decon],
-            "edf": [load(p) for p in edf_], "registration": load(reg)}
+    stages = [s.name for s in paths.PIPELINE]
+    data = {s.name: ([load(p) for p in inputs[s.name]] if s.per_cycle else load(inputs[s.name]))
+            for s in paths.PIPELINE if s.name in inputs.keys()}
+    stitch, decon, edf_ = list(inputs["stitch"]), list(inputs["deconvolve"]), list(inputs["edf"])
     write_text_atomic(out_json, json.dumps(data, indent=1))
     here = Path(out_html).parent
     def rel(p):
@@ -97,22 +102,24 @@ def write_index(out_html: str, out_json: str, stitch: list[str], decon: list[str
     cycles = [m["cycle"] for m in data["stitch"]]
     reg_m = data["registration"]
     reg_reasons = {c: [r for r in reg_m["reasons"] if r.startswith(c + ":")] for c in cycles}
-    verdict = {c: {"stitch": data["stitch"][i], "deconvolve": data["deconvolve"][i], "edf": data["edf"][i],
-                   "registration": {"status": "warn" if reg_reasons[c] else "ok", "reasons": reg_reasons[c]}}
-               for i, c in enumerate(cycles)}
-    counts = {s: sum(v[st]["status"] == s for v in verdict.values() for st in STAGES) for s in COLOURS}
+    no_qc = {"status": "no QC", "reasons": ["no QC rule for this stage"]}
+    verdict = {c: {s: data[s][i] if isinstance(data.get(s), list) else no_qc for s in stages} for i, c in enumerate(cycles)}
+    for c in cycles:
+        verdict[c]["registration"] = {"status": "warn" if reg_reasons[c] else "ok", "reasons": reg_reasons[c]}
+    counts = {s: sum(v[st]["status"] == s for v in verdict.values() for st in stages) for s in COLOURS}
+    counts = {s: n for s, n in counts.items() if n or s != "no QC"}
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>plexgpu QC</title><style>{CSS}</style>"
              "</head><body><h1>plexgpu QC</h1>",
-             f"<p>{len(cycles)} cycles &times; {len(STAGES)} stages: "
+             f"<p>{len(cycles)} cycles &times; {len(stages)} stages: "
              + ", ".join(f"{_badge(s)} {n}" for s, n in counts.items()) + ". Metrics: <a href='metrics.json'>"
              "metrics.json</a>.</p>"]
     # -- summary: cycle x stage
-    parts.append("<table><tr><th>cycle</th>" + "".join(f"<th>{s}</th>" for s in STAGES) + "</tr>")
+    parts.append("<table><tr><th>cycle</th>" + "".join(f"<th>{s}</th>" for s in stages) + "</tr>")
     for c in cycles:
         cells = "".join(f"<td>{_badge(verdict[c][s]['status'])}<div class='small'>"
                         + "<br>".join(html.escape(r) for r in verdict[c][s]["reasons"]) + "</div></td>"
-                        for s in STAGES)
+                        for s in stages)
         parts.append(f"<tr><th><a href='#{c}'>{c}</a></th>{cells}</tr>")
     parts.append("</table>")
     # -- registration across cycles

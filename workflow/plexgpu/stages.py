@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +20,18 @@ from .experiment import CycleSpec
 from .io.raw import RawDataError
 from .io.tiff import StackReader, ome_writer, read_tiff, write_ome, write_plane, write_pyramidal_ome, write_text_atomic
 from .job import JobContext
+from .planes import PlanesRecord
 
 log = logging.getLogger("plexgpu")
 RESIZE_TILES = 8   # tiles resized together in the stitch job (a plane at once: 2 float32 copies of all its tiles)
+
+
+def per_channel(spec: CycleSpec, files) -> dict:
+    """{channel: path} from a stage's per-channel output (one path per channel of ``spec.channels``)."""
+    files = list(files)
+    if len(files) != len(spec.channels):
+        raise ValueError(f"{len(files)} paths for the {len(spec.channels)} channels of {spec.key}")
+    return dict(zip(spec.channels, files))
 
 
 def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[np.ndarray]:
@@ -37,22 +46,55 @@ def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[
 
 
 # ----------------------------------------------------------------------------- stitch
-def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, out: dict,
-           read_plane=None) -> dict:
+def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, out, read_plane=None) -> dict:
     """BaSiC per (channel, z) in one batched fit, one stitching model, the flatfield of every
     plane refined on the tile overlaps and its camera offset, blended mosaics.
 
-    ``out``: {"profiles": {ch: path}, "stitched": {ch: path}, "positions": path, "pairs": path,
-    "planes": path}. ``read_plane(channel, z)`` gives a plane's tiles in tile order (default: the
+    ``out``: the stage's named outputs (paths.PIPELINE; the rule's ``snakemake.output``): "stitched"
+    and "profiles" one path per channel of ``spec.channels``, "positions", "pairs", "planes" one path
+    each. ``read_plane(channel, z)`` gives a plane's tiles in tile order (default: the
     raw files; bench/gpu_cycle.py hands over tiles made in memory); each plane is asked for twice.
+
+    The steps, each timed: read every plane at working size -> BaSiC fit of all planes -> the
+    stitching model from the reference plane -> every plane's flatfield refined on the overlaps and
+    its offset -> correct and blend every plane into its channel's mosaic -> the planes record.
     """
-    xp = ctx.xp
     read_plane = read_plane or (lambda ch, z: _read_plane(ctx, spec, ch, z))
     params = basic.BasicParams.from_config(basic_cfg)
-    ref_ch = stitch_cfg["reference_channel"]
-    ref_z = (spec.z_planes + 1) // 2
     planes = [(ch, z) for ch in spec.channels for z in range(1, spec.z_planes + 1)]
+    reference = (stitch_cfg["reference_channel"], (spec.z_planes + 1) // 2)     # in-focus (middle) plane
+    times: dict = {}
+    with _timed(times, "read_s"):
+        small, ref_tiles, tile_shape = _read_working_size(ctx, spec, params, planes, reference, read_plane)
+    with _timed(times, "fit_s"):
+        fit = _fit_basic(ctx, spec, params, small, planes, reference[1])
+    model = _stitching_model(ctx, spec, stitch_cfg, fit, planes.index(reference), ref_tiles, tile_shape, reference,
+                             out)
+    with _timed(times, "shading_s"):
+        shades = _shade_planes(ctx, spec, basic_cfg, params, small, fit, model, tile_shape, planes)
+    del small, fit
+    recorded, saturated = _blend_mosaics(ctx, spec, model, shades, planes, tile_shape, read_plane,
+                                         {reference: ref_tiles}, out)
+    footprints = [[int(y), int(x), int(tile_shape[0]), int(tile_shape[1])] for y, x in model.placement]
+    PlanesRecord(recorded, saturated, {f"{ch}/{z}": _shading_record(sh) for (ch, z), sh in zip(planes, shades)},
+                 footprints).write(out["planes"])
+    return {"planes": len(planes), **times, "pairs_accepted": sum(p.accepted for p in model.pairs),
+            "pairs": len(model.pairs), "saturated": saturated}
+
+
+@contextmanager
+def _timed(times: dict, key: str):
+    """``with _timed(times, "fit_s"):`` records the block's seconds in ``times``."""
     t0 = time.perf_counter()
+    yield
+    times[key] = time.perf_counter() - t0
+
+
+def _read_working_size(ctx: JobContext, spec: CycleSpec, params, planes, reference, read_plane):
+    """Every plane's tiles box-downsampled to BaSiC's working size, into one batch array (planes x
+    tiles x ws x ws; integer tiles kept as uint16, within half a count: half of float32's memory);
+    the reference plane's full tiles are kept for the stitching model."""
+    xp = ctx.xp
     advance = ctx.progress(f"{spec.key} read + resize {len(planes)} planes", len(planes))
     small, ref_tiles, tile_shape = None, None, None
     for i, (ch, z) in enumerate(planes):
@@ -61,8 +103,8 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         if tiles[0].shape != tile_shape:
             raise RawDataError(f"{spec.tile_paths(ch, z)[0]}: shape {tiles[0].shape} differs from {tile_shape} "
                                f"of CH{planes[0][0]} Z{planes[0][1]:03d}; one shape per cycle")
-        if small is None:  # filled in place: one batch array, no list + stacked copy; integer tiles' box means
-            counts = tiles[0].dtype.kind in "ui"  # kept as uint16 (within half a count): half of float32's memory
+        if small is None:  # filled in place: one batch array, no list + stacked copy
+            counts = tiles[0].dtype.kind in "ui"
             small = xp.empty((len(planes), len(tiles), params.working_size, params.working_size),
                              xp.uint16 if counts else xp.float32)
         for j in range(0, len(tiles), RESIZE_TILES):  # a few tiles at a time: their float32 copies stay small
@@ -70,30 +112,40 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
                                        params.working_size)
             small[i, j:j + RESIZE_TILES] = xp.clip(xp.rint(resized), 0, 65535) if counts else resized
             del resized
-        if (ch, z) == (ref_ch, ref_z):
+        if (ch, z) == reference:
             ref_tiles = tiles
         advance()
-    t_read = time.perf_counter() - t0
+    return small, ref_tiles, tile_shape
+
+
+def _fit_basic(ctx: JobContext, spec: CycleSpec, params, small, planes, ref_z: int):
+    """BaSiC over all planes in one batch: each channel's in-focus (middle) plane first, the others
+    starting from its outlier weights."""
     if spec.rows * spec.cols < basic.MIN_TILES_ADVISED:
         log.warning("BaSiC: only %d tiles per plane; below ~%d the flatfield can carry specimen structure "
                     "(see qc/stitch)", spec.rows * spec.cols, basic.MIN_TILES_ADVISED)
-    # each channel's in-focus (middle) plane first; the others start from its outlier weights
+    t0 = time.perf_counter()
     anchors = [planes.index((ch, ref_z)) for ch, _ in planes]
     fit = basic.fit_anchored(small, anchors, params, workers=ctx.workers)
-    xpmod.synchronize(xp)
-    t_fit = time.perf_counter() - t0 - t_read
+    xpmod.synchronize(ctx.xp)
     log.info("BaSiC: %d planes (channels x z) fitted in two passes (in-focus planes first) in %.2f s; "
              "ADMM iterations per plane %d-%d",
-             len(planes), t_fit, int(fit.iterations.min()), int(fit.iterations.max()))
-    index = {p: i for i, p in enumerate(planes)}
-    ref = index[(ref_ch, ref_z)]
+             len(planes), time.perf_counter() - t0, int(fit.iterations.min()), int(fit.iterations.max()))
+    return fit
+
+
+def _stitching_model(ctx: JobContext, spec: CycleSpec, stitch_cfg: dict, fit, ref: int, ref_tiles, tile_shape,
+                     reference, out):
+    """One stitching model for the cycle from the reference plane, corrected by its BaSiC fit; writes
+    positions.csv and pairs.csv, and stops the job in one line where the grid cannot be right."""
+    xp = ctx.xp
     flat0, dark0 = basic.upsample(fit.flatfield[ref], tile_shape), basic.upsample(fit.darkfield[ref], tile_shape)
     corrected = [basic.correct(xpmod.to_device(t, xp), flat0, dark0) for t in ref_tiles]
     model = stitching.compute_model(corrected, spec.layout, spec.overlap, stitch_cfg.get("max_shift_px"))
     del corrected, flat0, dark0
-    n_ok = sum(p.accepted for p in model.pairs)
     log.info("stitching model from CH%d Z%03d: %d of %d pairs accepted (threshold %.1f), stage model %s, "
-             "mosaic %s", ref_ch, ref_z, n_ok, len(model.pairs), model.threshold, model.stage, model.mosaic_shape)
+             "mosaic %s", *reference, sum(p.accepted for p in model.pairs), len(model.pairs), model.threshold,
+             model.stage, model.mosaic_shape)
     for p in model.pairs:
         if not p.accepted:
             log.info("  pair %d-%d rejected: %s", p.a + 1, p.b + 1, p.reason)
@@ -104,22 +156,30 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         raise stitching.StitchQualityError(
             f"{spec.key}: {problem}: check grid.rows x grid.cols ({spec.rows}x{spec.cols}), grid.order "
             f"({spec.order}) and grid.overlap ({spec.overlap}) against the acquisition; pairs: {out['pairs']}")
-    shades = _shade_planes(ctx, spec, basic_cfg, params, small, fit, model, tile_shape, planes)
-    del small, fit
-    t_shade = time.perf_counter() - t0 - t_read - t_fit
+    return model
+
+
+def _blend_mosaics(ctx: JobContext, spec: CycleSpec, model, shades, planes, tile_shape, read_plane, kept_tiles: dict,
+                   out) -> tuple[dict, dict]:
+    """Every plane corrected by its own flat- and darkfield and blended into its channel's mosaic
+    (uint16), written plane by plane; the profiles per channel. Returns each tile's raw statistics
+    per plane (for the EDF's quality gate) and the pixels saturated by the correction per channel."""
+    xp = ctx.xp
+    stitched_out, profiles_out = per_channel(spec, out["stitched"]), per_channel(spec, out["profiles"])
+    index = {p: i for i, p in enumerate(planes)}
     recorded: dict = {}
     saturated: dict = {}
     advance = ctx.progress(f"{spec.key} correct + blend", len(planes))
     for ch in spec.channels:
         prof = np.empty((spec.z_planes, 2) + tuple(tile_shape), np.float32)
         below = above = 0
-        with ome_writer(out["stitched"][ch], (spec.z_planes,) + model.mosaic_shape, np.uint16, "ZYX",
+        with ome_writer(stitched_out[ch], (spec.z_planes,) + model.mosaic_shape, np.uint16, "ZYX",
                         spec.pixel_size_um, spec.z_step_um, [spec.marker(ch)], workers=ctx.workers) as mosaic:
             for z in range(1, spec.z_planes + 1):
                 shade = shades[index[(ch, z)]]
                 flat = xpmod.to_device(basic.upsample(shade.flatfield, tile_shape), xp)
                 dark = xpmod.to_device(basic.upsample(shade.darkfield, tile_shape), xp)
-                tiles = read_plane(ch, z) if (ch, z) != (ref_ch, ref_z) else ref_tiles
+                tiles = kept_tiles.get((ch, z)) or read_plane(ch, z)
                 recorded.setdefault(str(ch), {})[str(z)] = [edf.tile_stats(t) for t in tiles]
                 plane = stitching.blend((basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles), model)
                 del tiles
@@ -132,14 +192,9 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
         saturated[ch] = above
         log.info("CH%d: %d pixels above 65535 saturated, %d below 0 after offset subtraction set to 0 "
                  "(of %d)", ch, above, below, spec.z_planes * model.mosaic_shape[0] * model.mosaic_shape[1])
-        write_ome(out["profiles"][ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"],
+        write_ome(profiles_out[ch], prof, "ZCYX", spec.pixel_size_um, spec.z_step_um, ["flatfield", "darkfield"],
                   workers=ctx.workers)
-    shading_record = {f"{ch}/{z}": _shading_record(shades[index[(ch, z)]]) for ch, z in planes}
-    footprints = [[int(y), int(x), int(tile_shape[0]), int(tile_shape[1])] for y, x in model.placement]
-    write_text_atomic(out["planes"], json.dumps({"recorded": recorded, "saturated_after_correction": saturated,
-                                                 "shading": shading_record, "footprints": footprints}, indent=1))
-    return {"planes": len(planes), "fit_s": t_fit, "read_s": t_read, "shading_s": t_shade, "pairs_accepted": n_ok,
-            "pairs": len(model.pairs), "saturated": saturated}
+    return recorded, saturated
 
 
 def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, small, fit, model, tile_shape,
@@ -148,7 +203,7 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
     ws = params.working_size
     pairs = [(p.a, p.b, model.positions[p.b] - model.positions[p.a]) for p in model.pairs if p.accepted]
     scale = (ws / tile_shape[0], ws / tile_shape[1])
-    given = basic.known_offset(basic_cfg.get("darkfield", True), tile_shape, ws)
+    given = basic.known_offset(basic_cfg["darkfield"], tile_shape, ws)
 
     def one(i):
         envelope = xpmod.to_host(fit.darkfield[i]).astype(np.float64) if params.darkfield else None
@@ -199,13 +254,15 @@ def kernel_for(spec: CycleSpec, o: psf.Optics, decon_cfg: dict, channel: int, n_
     return psf.psf(o, *psf.default_half_size(o, n_planes))
 
 
-def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, inputs: dict, out: dict):
-    """Richardson-Lucy per channel with a PSF from the optics; float32, flux kept.
+def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, inputs, out):
+    """Richardson-Lucy per channel with a PSF from the optics; float32, flux kept. ``inputs["stitched"]``
+    and ``out["deconvolved"]``: one path per channel (the rule's snakemake.input / output).
 
     Streamed: each XY chunk is read from the stitched stack and its result written straight
     into the output file, so host memory holds one chunk's work, not the stacks."""
+    stitched, deconvolved = per_channel(spec, inputs["stitched"]), per_channel(spec, out["deconvolved"])
     for ch in spec.channels:
-        stack = StackReader(inputs[ch], ctx.workers)   # ZYX, >= MIN_PLANES planes (checked with the raw data)
+        stack = StackReader(stitched[ch], ctx.workers)   # ZYX, >= MIN_PLANES planes (checked with the raw data)
         shape = stack.shape
         o = optics_for(spec, optics_cfg, decon_cfg, ch)
         kernel = kernel_for(spec, o, decon_cfg, ch, shape[0])
@@ -219,7 +276,7 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
         advance = ctx.progress(f"{spec.key} CH{ch} RL x{decon_cfg['iterations']}", n_chunks)
         t0 = time.perf_counter()
         flux: dict = {}
-        with ome_writer(out[ch], shape, np.float32, "ZYX", spec.pixel_size_um, spec.z_step_um,
+        with ome_writer(deconvolved[ch], shape, np.float32, "ZYX", spec.pixel_size_um, spec.z_step_um,
                         [spec.marker(ch)], workers=ctx.workers) as result:
             deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp, workers=ctx.workers,
                                      progress=lambda d, t: advance(), out=result, flux=flux)
@@ -229,29 +286,32 @@ def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: di
 
 
 # ----------------------------------------------------------------------------- edf
-def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, stacks: dict, planes_json: str,
-                   out: dict, focus_out: dict):
-    """EDF per channel of each stack in ``stacks`` ({"quantification": {ch: stitched path},
-    "deconvolved": {ch: path}}), into ``out`` (same keys); the focus map of the first. The quality
+def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, inputs, out):
+    """EDF per channel of the stitched stack (``inputs["stitched"]`` -> ``out["edf"]``, for
+    quantification, with its focus map ``out["focus"]``) and of the deconvolved stack
+    (``inputs["deconvolved"]`` -> ``out["edf_deconvolved"]``); each one path per channel, the rule's
+    snakemake.input / output; ``inputs["planes"]``: the stitch stage's planes.json. The quality
     gate judges what the camera recorded in each tile of each plane, and a faulty tile is left out
     of its plane where it lies in the mosaic only.
 
     Two images because one cannot be both (bench/decon_edf.py): Richardson-Lucy stopped after tens
     of iterations sharpens but leaves each cell's integrated intensity uneven, while the EDF of the
     stitched stack keeps it; the first is for quantification, the second for display and segmentation."""
-    planes = json.loads(Path(planes_json).read_text())
-    recorded, footprints = planes["recorded"], planes["footprints"]
+    record = PlanesRecord.read(inputs["planes"])
+    stacks = {"quantification": (per_channel(spec, inputs["stitched"]), per_channel(spec, out["edf"])),
+              "deconvolved": (per_channel(spec, inputs["deconvolved"]), per_channel(spec, out["edf_deconvolved"]))}
+    focus_out = per_channel(spec, out["focus"])
     for ch in spec.channels:
-        stats = [recorded[str(ch)][str(z)] for z in range(1, spec.z_planes + 1)]
+        stats = record.tile_stats(ch)
         kept, bad = edf.quality_gate(stats, label=f"{spec.key} CH{ch}: ")
         for z, faults in enumerate(bad):
             for t, why in faults.items():
                 log.warning("CH%d Z%03d: tile %d left out of the EDF where it lies: %s", ch, z + 1, t + 1, why)
-        for i, (kind, paths_) in enumerate(stacks.items()):
-            stack = StackReader(paths_[ch], ctx.workers)    # read plane by plane, never whole
+        for i, (kind, (sources, targets)) in enumerate(stacks.items()):
+            stack = StackReader(sources[ch], ctx.workers)    # read plane by plane, never whole
             res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp,
-                                              invalid=_fault_masks(bad, footprints, stack.shape[1:]))
-            write_plane(out[kind][ch], xpmod.to_host(res.image), spec.marker(ch), spec.pixel_size_um,
+                                              invalid=_fault_masks(bad, record.footprints, stack.shape[1:]))
+            write_plane(targets[ch], xpmod.to_host(res.image), spec.marker(ch), spec.pixel_size_um,
                         workers=ctx.workers)
             if i == 0:
                 write_plane(focus_out[ch], xpmod.to_host(res.focus_index), "focus index", spec.pixel_size_um,
@@ -274,27 +334,35 @@ def _fault_masks(bad: list[dict], footprints: list, shape):
 
 
 # ----------------------------------------------------------------------------- registration
-def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dict, out: dict) -> list:
+#: registration's two kinds of image: (EDF input, registered output, plex output) of the stage registry
+REGISTERED_KINDS = {"quantification": ("edf", "registered", "plex"),
+                    "deconvolved": ("edf_deconvolved", "registered_deconvolved", "plex_deconvolved")}
+
+
+def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out) -> list:
     """Align every cycle's EDFs to the reference cycle; write registered channels, shifts, plex files.
 
-    ``inputs``: {kind: {cycle_key: {ch: path}}}, the first kind (quantification) measures the shifts
-    and every kind is moved by them; ``out``: {"registered": {kind: {cycle_key: {ch: path}}},
-    "shifts": path, "plex": {kind: path}}.
+    ``inputs`` / ``out``: the stage's named inputs and outputs (the rule's snakemake.input / output):
+    per-cycle-and-channel lists (cycle-major) "edf", "edf_deconvolved" -> "registered",
+    "registered_deconvolved"; "shifts", "markers", "plex", "plex_deconvolved" one path each. The shifts
+    are measured on the quantification EDF and move both kinds.
     """
     xp = ctx.xp
+    src = {kind: by_cycle_and_channel(specs, list(inputs[i])) for kind, (i, _, _) in REGISTERED_KINDS.items()}
+    dst = {kind: by_cycle_and_channel(specs, list(out[r])) for kind, (_, r, _) in REGISTERED_KINDS.items()}
     by_key = {s.key: s for s in specs}
     ref_cycle = reg_cfg.get("reference_cycle") or specs[0].cycle
     ref_key = f"cyc{ref_cycle:03d}"
     ref_ch = reg_cfg["reference_channel"]
-    first = next(iter(inputs))
-    reference = xpmod.to_device(read_tiff(inputs[first][ref_key][ref_ch]).astype(np.float32), xp)
+    first = next(iter(src))
+    reference = xpmod.to_device(read_tiff(src[first][ref_key][ref_ch]).astype(np.float32), xp)
     shape = tuple(reference.shape)
     shifts, names = [], []
-    registered: dict = {kind: [] for kind in inputs}
+    registered: dict = {kind: [] for kind in src}
     advance = ctx.progress("register cycles", len(specs))
     for spec in specs:
         moving = reference if spec.key == ref_key else \
-            xpmod.to_device(read_tiff(inputs[first][spec.key][ref_ch]).astype(np.float32), xp)
+            xpmod.to_device(read_tiff(src[first][spec.key][ref_ch]).astype(np.float32), xp)
         if spec.key == ref_key:
             s = registration.Shift(spec.key, 0.0, 0.0, float("inf"), 0.0)
         else:
@@ -304,11 +372,11 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
                  s.significance, s.threshold)
         for ch in spec.channels:
             names.append(spec.marker(ch))
-            for kind in inputs:
+            for kind in src:
                 img = moving if (kind == first and ch == ref_ch) else \
-                    xpmod.to_device(read_tiff(inputs[kind][spec.key][ch]).astype(np.float32), xp)
+                    xpmod.to_device(read_tiff(src[kind][spec.key][ch]).astype(np.float32), xp)
                 reg = xpmod.to_host(registration.apply_shift(img, s, shape))
-                path = out["registered"][kind][spec.key][ch]
+                path = dst[kind][spec.key][ch]
                 write_plane(path, reg, spec.marker(ch), spec.pixel_size_um, workers=ctx.workers)
                 registered[kind].append(path)
                 del img, reg
@@ -322,13 +390,13 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs: dic
     write_text_atomic(out["shifts"], buf.getvalue())
     cycles = [spec.cycle for spec in specs for _ in spec.channels]
     unique = unique_channel_names(names, cycles)
-    if "markers" in out:
-        write_text_atomic(out["markers"], markers_csv(unique, cycles))
+    write_text_atomic(out["markers"], markers_csv(unique, cycles))
     for kind, paths_ in registered.items():
-        levels = write_pyramidal_ome(out["plex"][kind], lambda c, p=paths_: read_tiff(p[c]), len(paths_), unique,
+        plex = out[REGISTERED_KINDS[kind][2]]
+        levels = write_pyramidal_ome(plex, lambda c, p=paths_: read_tiff(p[c]), len(paths_), unique,
                                      by_key[ref_key].pixel_size_um, dtype=reg_cfg.get("plex_dtype", "uint16"),
                                      workers=ctx.workers)
-        log.info("%s: %d channels, %d pyramid levels (%s)", Path(out["plex"][kind]).name, len(paths_), levels, kind)
+        log.info("%s: %d channels, %d pyramid levels (%s)", Path(plex).name, len(paths_), levels, kind)
     return shifts
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from .. import paths
 from .accounting import load_records
 from ..io.tiff import write_text_atomic
 from .slurm import gres_gpus, parse_comment, parse_elapsed, parse_rss, sacct_by_ids, sacct_jobs
@@ -268,7 +269,7 @@ def _timeline_svg(allocs: list[Allocation]) -> str:
     scale = (width - left - 10) / max(t1 - t0, 1e-6)
     out = []
     y = 0
-    colours = {"stitch": "#4c78a8", "deconvolve": "#f58518", "edf": "#54a24b", "registration": "#b279a2"}
+    colours = {s.name: s.colour for s in paths.PIPELINE}
     for lane in lanes:
         items = sorted([a for a in allocs if (a.account, a.device_group) == lane], key=lambda a: a.start)
         sub: list[float] = []  # end time per sub-row

@@ -11,9 +11,13 @@ import heapq
 from dataclasses import dataclass, field
 
 from .assignment import build_cycle_assignment
-from ..paths import cycle_stages
+from .. import paths
 
-STAGES = cycle_stages()                 # the per-cycle chain of the stage registry (paths.PIPELINE)
+
+def reference_minutes(kind: str) -> tuple[float, ...]:
+    """Minutes of each per-cycle stage at the reference size, from the registry: kind "gpu" or "cpu"."""
+    i = {"gpu": 0, "cpu": 1}[kind]
+    return tuple(s.minutes[i] for s in paths.PIPELINE if s.per_cycle)
 
 
 @dataclass
@@ -34,6 +38,9 @@ class SimResult:
 
 def _run_pool(cycles: list[str], slots: int, minutes: tuple[float, ...], pool: str, start: float = 0.0):
     """Event simulation of one pool of identical slots. Returns (jobs, done time per cycle)."""
+    stages = paths.cycle_stages()                 # the per-cycle chain of the stage registry
+    if len(minutes) != len(stages):
+        raise ValueError(f"{len(minutes)} stage minutes for the {len(stages)} per-cycle stages {', '.join(stages)}")
     stage_of = {c: 0 for c in cycles}
     ready_at = {c: start for c in cycles}
     started: set[str] = set()
@@ -52,19 +59,22 @@ def _run_pool(cycles: list[str], slots: int, minutes: tuple[float, ...], pool: s
         c = min(ready, key=lambda c: (c not in started, order[c]))
         s = stage_of[c]
         end = t + minutes[s]
-        jobs.append((pool, c, STAGES[s], t, end))
+        jobs.append((pool, c, stages[s], t, end))
         started.add(c)
         stage_of[c] += 1
         ready_at[c] = end
-        if stage_of[c] == len(STAGES):
+        if stage_of[c] == len(stages):
             pending.discard(c)
             done[c] = end
         heapq.heappush(free, (end, slot))
     return jobs, done
 
 
-def simulate(n_cycles: int, accounts: list[dict], gpu_minutes=(8.0, 12.0, 1.5), policy: str = "gpu-only",
-             cpu_minutes=(200.0, 60.0, 22.0), cpu_slots: int = 1, registration_min: float = 0.0) -> SimResult:
+def simulate(n_cycles: int, accounts: list[dict], gpu_minutes=None, policy: str = "gpu-only",
+             cpu_minutes=None, cpu_slots: int = 1, registration_min: float = 0.0) -> SimResult:
+    """``gpu_minutes`` / ``cpu_minutes``: one per per-cycle stage (default: the registry's reference minutes)."""
+    gpu_minutes = reference_minutes("gpu") if gpu_minutes is None else gpu_minutes
+    cpu_minutes = reference_minutes("cpu") if cpu_minutes is None else cpu_minutes
     cycles = [f"cyc{c:03d}" for c in range(1, n_cycles + 1)]
     assignment = build_cycle_assignment(cycles, accounts)
     total = sum(int(a["gpu_slots"]) for a in accounts)

@@ -30,6 +30,25 @@ def user_accounts(user: str | None = None) -> set[str] | None:
     return {line.strip() for line in res.stdout.splitlines() if line.strip()}
 
 
+def resolve_auto_slots(config: dict) -> dict:
+    """``gpu_slots: auto`` -> SLURM's GPU limit for this user on that account (its origin in
+    ``gpu_slots_from``), in place; a ConfigError naming the key where SLURM sets none or cannot be
+    asked. Called where SLURM is asked on purpose: the coordinator's parse of the Snakefile,
+    ``plexgpu validate``, ``plan`` and ``rerun``."""
+    from ..config import ConfigError
+
+    for i, a in enumerate(config.get("accounts", [])):
+        if a["gpu_slots"] != "auto":
+            continue
+        limit, source = gpu_limit(a["name"])
+        if limit is None:
+            raise ConfigError(f"config key accounts[{i}].gpu_slots = auto: SLURM sets no gres/gpu limit for account "
+                              f"{a['name']} that sacctmgr shows (association or QOS GrpTRES / MaxTRESPerUser), or "
+                              "SLURM cannot be asked here; give the number of GPUs the account may hold")
+        a.update(gpu_slots=limit, gpu_slots_from=source)
+    return config
+
+
 def gpu_limit(account: str, user: str | None = None) -> tuple[int | None, str]:
     """The GPUs ``user`` may hold at once on ``account`` by SLURM's own limits: the smallest gres/gpu
     among the account's and the user's association GrpTRES and the GrpTRES / MaxTRESPerUser of

@@ -40,6 +40,38 @@ DARK_SIGMA = 2.0         # ... smoothed by a Gaussian of this sigma (working-siz
 
 
 @dataclass(frozen=True)
+class DarkfieldSetting:
+    """Config key ``basic.darkfield``, read here only, into what it means:
+
+    * ``fit`` (``true``): the camera offset is estimated under the dimmest tiles (image.shading);
+    * ``off`` (``false``): no offset is subtracted;
+    * ``counts`` (a number): the camera offset the user knows, the same at every pixel;
+    * ``frame`` (a path): a dark frame TIFF (or a stack of them: their mean)."""
+
+    mode: str
+    counts: float | None = None
+    frame: str | None = None
+
+    @classmethod
+    def from_config(cls, setting) -> "DarkfieldSetting":
+        if setting is True:
+            return cls("fit")
+        if setting is False:
+            return cls("off")
+        if isinstance(setting, (int, float)):
+            return cls("counts", counts=float(setting))
+        if isinstance(setting, str):
+            return cls("frame", frame=setting)
+        raise ValueError(f"config key basic.darkfield: true, false, a number of counts or a dark frame path, "
+                         f"not {setting!r}")
+
+    @property
+    def subtracted(self) -> bool:
+        """Whether an offset (fitted or given) is subtracted: BaSiC then fits above its low envelope."""
+        return self.mode != "off"
+
+
+@dataclass(frozen=True)
 class BasicParams:
     darkfield: bool = True       # subtract the low envelope before the fit (config: anything but false)
     max_iterations: int = 500
@@ -52,7 +84,7 @@ class BasicParams:
     def from_config(cls, basic: dict) -> "BasicParams":
         kw = {k: basic[k] for k in cls.__dataclass_fields__ if k in basic}
         if "darkfield" in kw:
-            kw["darkfield"] = kw["darkfield"] is not False
+            kw["darkfield"] = DarkfieldSetting.from_config(kw["darkfield"]).subtracted
         return cls(**kw)
 
 
@@ -62,11 +94,13 @@ def known_offset(setting, tile_shape: tuple[int, int], working_size: int):
     from ..io.raw import RawDataError
     from ..io.tiff import read_tiff
 
-    if isinstance(setting, bool) or setting is None:
+    given = DarkfieldSetting.from_config(setting)
+    if given.mode == "counts":
+        full = np.full(tile_shape, given.counts, np.float32)
+        return full, np.full((working_size, working_size), given.counts, np.float32)
+    if given.mode != "frame":
         return None
-    if isinstance(setting, (int, float)):
-        full = np.full(tile_shape, float(setting), np.float32)
-        return full, np.full((working_size, working_size), float(setting), np.float32)
+    setting = given.frame
     try:
         frame = read_tiff(setting).astype(np.float32)
     except (OSError, ValueError) as exc:

@@ -113,11 +113,24 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     ``stack`` is only indexed plane by plane (``stack[z]``), so it may be a host or device
     array or an ``io.tiff.StackReader``; per pixel only the best plane and its neighbours'
     focus are kept, updated in place, so memory stays at about ten planes whatever the depth.
+
+    The steps: (1) one pass over the planes for the focus of the sharpest plane and its two
+    neighbours; (2) the fractional focus index from their parabola, smoothed as a map; (3) a second
+    pass interpolating the image along z at that index, bounded by the planes it is made of;
+    (4) the index in the stack's own plane numbering.
     """
     xp = xp or xpmod.array_module(stack)
-    ndi = xpmod.ndimage(xp)
     kept = list(range(stack.shape[0])) if kept is None else list(kept)
-    nz = len(kept)
+    best, f0, fm, fp, masks = _sharpest_planes(stack, kept, radius, invalid, xp)
+    index = _focus_index(best, f0, fm, fp, len(kept), sigma, xp)
+    del best, f0, fm, fp
+    image = _interpolate_along_z(stack, kept, index, masks, xp)
+    return EDFResult(image=image, focus_index=_in_stack_numbering(index, kept, xp), kept_planes=kept)
+
+
+def _sharpest_planes(stack, kept: list[int], radius: int, invalid, xp):
+    """Pass 1: per pixel the index (among ``kept``) of the sharpest plane, its focus and that of the
+    planes before and after it; the masks of the planes' left-out regions."""
     best = f0 = fm = fp = prev = None
     masks = {}
     for i, z in enumerate(kept):
@@ -144,13 +157,17 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
             xp.copyto(best, i, where=better)
             del better
         prev = f
-    del prev, f
-    # parabola through the focus of the best plane and its neighbours: fractional offset of its peak
+    return best, f0, fm, fp, masks
+
+
+def _focus_index(best, f0, fm, fp, nz: int, sigma: float, xp):
+    """Step 2: the fractional focus index, from the parabola through the best plane's focus and its
+    neighbours', smoothed as a map weighted by focus strength (never the image). Uses up ``fm`` and ``f0``."""
+    ndi = xpmod.ndimage(xp)
     num = fm - fp
     xp.add(fm, fp, out=fm)
     fm -= 2 * f0
     denom = fm                                            # fm - 2 f0 + fp
-    del fp
     peaked = denom < 0
     xp.copyto(denom, -1, where=~peaked)
     frac = num
@@ -158,23 +175,28 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     frac /= denom
     xp.copyto(frac, 0, where=~peaked | (best == 0) | (best == nz - 1))
     xp.clip(frac, -0.5, 0.5, out=frac)
-    del denom, fm, peaked
+    del denom, peaked
     index = best.astype(xp.float32)
     index += frac
-    del frac, best
+    del frac
     if sigma > 0:                                         # smooth the focus *map*, weighted by focus strength
-        weight = f0
+        weight = f0                                       # f0 is not needed after this
         weight += max(1e-6 * float(f0.mean()), 1e-12)
         index *= weight
         index = ndi.gaussian_filter(index, sigma)
         index /= ndi.gaussian_filter(weight, sigma)
-    del f0
     xp.clip(index, 0, nz - 1, out=index)
-    # quadratic (3-point Lagrange) interpolation along z around the nearest plane: it follows the
-    # curvature of the intensity through focus, where a linear blend of two planes always sits below
-    # the peak (measured on 12 synthetic stacks, 5-20 planes, sheet at each pixel's own depth:
-    # 0.9985-0.9994 correlation with the in-focus truth vs 0.9973-0.9986 linear; the plane nearest
-    # the true depth 0.9982-0.9992)
+    return index
+
+
+def _interpolate_along_z(stack, kept: list[int], index, masks: dict, xp):
+    """Pass 2: quadratic (3-point Lagrange) interpolation along z around the nearest plane, clipped to
+    the range of the planes each pixel is made of; where one of them is left out, the nearest valid
+    plane. It follows the curvature of the intensity through focus, where a linear blend of two
+    planes always sits below the peak (measured on 12 synthetic stacks, 5-20 planes, sheet at each
+    pixel's own depth: 0.9985-0.9994 correlation with the in-focus truth vs 0.9973-0.9986 linear;
+    the plane nearest the true depth 0.9982-0.9992)."""
+    nz = len(kept)
     centre = xp.clip(xp.rint(index), 1, nz - 2).astype(xp.int32)
     t = index - centre.astype(xp.float32)                  # float32 - int32 would be float64
     image = xp.zeros(index.shape, xp.float32)
@@ -209,14 +231,17 @@ def extended_depth_of_field(stack, radius: int = 3, sigma: float = 4.0, kept: li
     del w, t, centre, lo, hi
     if masks:
         xp.copyto(image, nearest, where=~whole & xp.isfinite(distance))
-        del whole, nearest, distance
+    return image
+
+
+def _in_stack_numbering(index, kept: list[int], xp):
+    """Step 4: the fractional index among the kept planes as a fractional plane of the whole stack."""
+    nz = len(kept)
     kept_arr = xp.asarray(kept, dtype=xp.float32)
-    # map the fractional index among kept planes back to the original plane numbering
     lo = xp.floor(index).astype(xp.int32)
     hi = xp.minimum(lo + 1, nz - 1)
     frac = index - lo.astype(xp.float32)
-    orig = xp.take(kept_arr, lo) * (1 - frac) + xp.take(kept_arr, hi) * frac
-    return EDFResult(image=image, focus_index=orig.astype(xp.float32), kept_planes=kept)
+    return (xp.take(kept_arr, lo) * (1 - frac) + xp.take(kept_arr, hi) * frac).astype(xp.float32)
 
 
 def max_projection(stack):
