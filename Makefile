@@ -1,13 +1,13 @@
 # plexgpu — two commands on a fresh machine:
 #   make demo   set up .venv, synthesize the demo data, run the workflow on it (CPU, written in config/demo.yaml)
-#   make test   set up .venv, run the whole test suite
+#   make test   set up .venv, run the whole test suite (make check: lint + the fast tier, no SLURM)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.plexgpu-installed
 CORES  ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo test lint venv clean-demo bench bench-env
+.PHONY: demo test check lint venv clean-demo bench bench-env
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ lint: $(STAMP)
 
 test: lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+# the fast tier while working: lint + every test that needs no SLURM cluster and is not marked slow
+# (no workflow runs end to end, no real-data runs); `make test` stays the full suite CI runs
+check: lint
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slurm and not slow" -q
 
 # basicpy 2.0.0 (the BaSiC reference) pins scipy<1.13 and needs torch: its own environment,
 # CPU torch from the wheel present on these machines.

@@ -25,6 +25,7 @@ def grid63():
     return ds, {ch: _noisy_tiles(ds, 1, ch, 2) for ch in (1, 2)}
 
 
+@pytest.mark.slow
 def test_flatfield_and_darkfield_match_truth_63_tiles(grid63, xp):
     ds, tiles = grid63
     params = basic.BasicParams(darkfield=True)
@@ -134,6 +135,7 @@ def defocused_dense():
     return ds, planes, D
 
 
+@pytest.mark.slow
 def test_anchored_fit_beats_fits_from_scratch_out_of_focus(defocused_dense):
     ds, planes, D = defocused_dense
     params = basic.BasicParams()

@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
+@pytest.mark.slow
 def test_gpu_cycle_tiny_on_numpy():
     res = subprocess.run([sys.executable, str(REPO / "bench/gpu_cycle.py"), "--tiny", "--backend", "numpy",
                           "--iterations", "3"], capture_output=True, text=True)

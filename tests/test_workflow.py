@@ -97,6 +97,7 @@ def e2e(tmp_path_factory):
     return tmp, raw, cfg, before, qc_before
 
 
+@pytest.mark.slow
 def test_outputs_are_real_files_matching_truth(e2e):
     tmp, raw, cfg, before, qc_before = e2e
     res = tmp / "results"
@@ -143,6 +144,7 @@ def test_outputs_are_real_files_matching_truth(e2e):
     assert _digest(raw) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plex", ["plex.ome.tif", "plex_deconvolved.ome.tif"])
 def test_plex_is_pyramidal_ome_with_markers(e2e, plex):
     tmp, raw, *_ = e2e
@@ -165,6 +167,7 @@ def test_plex_is_pyramidal_ome_with_markers(e2e, plex):
     assert {int(r["cycle_number"]) for r in rows} == {1, 2, 3}
 
 
+@pytest.mark.slow
 def test_every_ome_output_validates_and_the_browsable_ones_are_tiled_pyramids(e2e):
     """Each *.ome.tif of the run: its OME-XML validates against the OME 2016-06 schema (ome-types, as
     readers do), its pixel size agrees with the TIFF resolution tags, and the 2-D images users browse
@@ -188,6 +191,7 @@ def test_every_ome_output_validates_and_the_browsable_ones_are_tiled_pyramids(e2
                 assert tif.series[0].ndim == 2, path
 
 
+@pytest.mark.slow
 def test_worker_pool_logged_from_cpus_per_task(e2e):
     tmp, *_ = e2e
     log = (tmp / "results/logs/stitch/cyc001.log").read_text()
@@ -195,6 +199,7 @@ def test_worker_pool_logged_from_cpus_per_task(e2e):
     assert "worker pool = 1 (cpus_per_task = 1)" in (tmp / "results/logs/edf/cyc001.log").read_text()
 
 
+@pytest.mark.slow
 def test_qc_page_and_metrics(e2e):
     tmp, *_ = e2e
     qc = tmp / "results/qc"
@@ -214,6 +219,7 @@ def test_qc_page_and_metrics(e2e):
     assert "<details>" in html and "pairs.csv" in html
 
 
+@pytest.mark.slow
 def test_second_run_nothing_to_do_and_param_change_reruns_downstream_only(e2e):
     tmp, raw, cfg, *_ = e2e
     assert plan(tmp, cfg, targets=("registration",)) == []
@@ -237,6 +243,7 @@ def test_wrong_marker_count_stops_naming_key(tmp_path, small_synth):
         plan(tmp_path, _config(tmp_path, small_synth[0], markers=["DAPI", "CD3", "CD20"]))
 
 
+@pytest.mark.slow
 def test_corrupt_tiff_fails_that_cycle_only(tmp_path, small_synth, capsys):
     raw = tmp_path / "raw"
     shutil.copytree(small_synth[0], raw)
