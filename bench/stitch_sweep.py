@@ -72,7 +72,8 @@ def run_ours(ds: SynthDataset, tmp: Path):
     res = tmp / "results"
     out = {"stitched": [str(res / f"CH{ch}.ome.tif") for ch in spec.channels],
            "profiles": [str(res / f"CH{ch}.profiles.tif") for ch in spec.channels],
-           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json")}
+           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json"),
+           "defects": str(res / "defects.csv")}
     res.mkdir(parents=True)
     t = {}
     with job_context("stitch", str(tmp / "stitch.log"), {"cpus_per_task": 2}, "cpu") as ctx, timer(t, "s"):

@@ -48,7 +48,8 @@ def wsi(realdata, tmp_path_factory):
     res = tmp / "results"
     res.mkdir()
     out = {"stitched": [str(res / "CH1.ome.tif")], "profiles": [str(res / "CH1.profiles.tif")],
-           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json")}
+           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json"),
+           "defects": str(res / "defects.csv")}
     from plexgpu.config import validate_config
 
     cfg = validate_config({"raw_dir": str(tmp)})

@@ -188,7 +188,8 @@ def test_stitch_job_with_a_wrong_grid_fails_in_one_line(tmp_path):
     res = tmp_path / "res"
     res.mkdir()
     out = {"stitched": [str(res / "CH1.ome.tif")], "profiles": [str(res / "CH1.profiles.tif")],
-           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json")}
+           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json"),
+           "defects": str(res / "defects.csv")}
     with pytest.raises(stitching.StitchQualityError) as err:
         with job_context("stitch", str(tmp_path / "stitch.log"), {"cpus_per_task": 1}, "cpu") as ctx:
             stages.stitch(ctx, spec, config["basic"], config["stitch"], out)

@@ -40,6 +40,7 @@ class Stage:
 PIPELINE: tuple[Stage, ...] = (
     Stage("stitch", (("stitched", "stitched/{cycle}/CH{ch}.ome.tif"),        # ZYX uint16, flat/dark corrected
                      ("profiles", "basic/{cycle}/CH{ch}.profiles.tif"),
+                     ("defects", "basic/{cycle}/defects.csv"),                 # the sensor's hot/stuck pixels
                      ("positions", "stitched/{cycle}/positions.csv"),
                      ("pairs", "stitched/{cycle}/pairs.csv"),
                      ("planes", "stitched/{cycle}/planes.json")),

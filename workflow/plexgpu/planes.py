@@ -19,6 +19,11 @@ class PlanesRecord:
     shading: dict[str, dict] = field(default_factory=dict)
     #: per tile (tile order) its footprint in the mosaic: [y, x, height, width]
     footprints: list[list[int]] = field(default_factory=list)
+    #: {channel: its one camera offset for all planes: counts, standard_error, per_plane (each plane's own
+    #: estimate, diagnostics), light_floor, uncertain} where the offset is fitted
+    offsets: dict[str, dict] = field(default_factory=dict)
+    #: the sensor's defective pixels found and repaired, by kind (image.defects; listed in basic/<cycle>/defects.csv)
+    defective_pixels: dict[str, int] = field(default_factory=dict)
 
     def tile_stats(self, channel: int | str) -> list[list[dict]]:
         """A channel's per-tile statistics, plane by plane (z = 1, 2, ...)."""

@@ -188,14 +188,16 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
     if flat_lo < FLAT_RANGE[0] or flat_hi > FLAT_RANGE[1]:
         problems.append(("warn", f"flatfield {flat_lo:.2f}..{flat_hi:.2f} of its mean: strong vignetting or a fit "
                                  "gone wrong (look at the shading picture)"))
-    uncertain = sorted(k for k, v in planes.shading.items() if v.get("offset_uncertain"))
-    if uncertain:
-        problems.append(("warn", f"camera offset uncertain on {len(uncertain)} channel/z planes (dense stain: the "
-                                 "offset cannot be told from specimen light)"))
+    for ch, o in sorted(planes.offsets.items()):
+        if o["uncertain"]:
+            problems.append(("warn", f"CH{ch}: camera offset uncertain, {o['counts']:.0f} +- {o['standard_error']:.0f} "
+                                     f"counts against a dimmest light floor of {o['light_floor']:.0f} (every tile "
+                                     "carries light): give basic.darkfield: <counts> or a dark frame"))
     saturated = {k: v for k, v in planes.saturated_after_correction.items() if v}
     if saturated:
         problems.append(("warn", f"pixels saturated by the correction in channel(s) {', '.join(saturated)}"))
     metrics = {"cycle": cycle, "pairs": len(pairs), "pairs_accepted": len(accepted),
+               "defective_pixels": planes.defective_pixels, "offsets": planes.offsets,
                "seam_ncc_min": min(ncc) if ncc else None, "seam_ncc_median": float(np.median(ncc)) if ncc else None,
                "flat_colour_range": [flat_lo, flat_hi], "dark_colour_range": [dark_lo, dark_hi],
                "shading": shading, "histogram": histogram(plane), "histogram_of": f"{Path(stitched).name} z{mid + 1}",

@@ -133,13 +133,14 @@ def write_index(out_html: str, out_json: str, inputs) -> None:
         parts.append(f"<h2 id='{c}'>{c}</h2><div class='pics'>")
         parts.append(f"<figure><img src='{rel(p_stitch.with_suffix('.png'))}' width='460'><figcaption>"
                      f"Mosaic (middle plane) and tile graph: {st['pairs_accepted']} of {st['pairs']} pairs matched, "
-                     f"seam NCC median {_fmt(st['seam_ncc_median'])}, min {_fmt(st['seam_ncc_min'])}."
+                     f"seam NCC median {_fmt(st['seam_ncc_median'])}, min {_fmt(st['seam_ncc_min'])}. "
+                     f"{_defects_line(st.get('defective_pixels', {}), c)}"
                      f"{_ncc_legend()}</figcaption></figure>")
         parts.append(f"<figure><img src='{rel(p_stitch.with_suffix('.shading.png'))}' width='460'><figcaption>"
                      "Flatfield (upper rows: one per channel) and darkfield (lower rows) per z-plane (columns)."
                      + _scale("flatfield", *st["flat_colour_range"])
-                     + _scale("darkfield (counts)", *st["dark_colour_range"], ".0f") +
-                     "</figcaption></figure>")
+                     + _scale("darkfield (counts)", *st["dark_colour_range"], ".0f")
+                     + _offsets_line(st.get("offsets", {})) + "</figcaption></figure>")
         parts.append(f"<figure><img src='{rel(Path(edf_[i]).with_suffix('.png'))}' width='460'><figcaption>"
                      "Per channel: EDF | focus map (plane of best focus)."
                      f"{_scale('focus plane', 1, max(v['planes'] for v in ed['channels'].values()), '.0f')}"
@@ -169,6 +170,27 @@ def write_index(out_html: str, out_json: str, inputs) -> None:
                      + "</details>")
     parts.append("</body></html>")
     write_text_atomic(out_html, "\n".join(parts))
+
+
+def _offsets_line(offsets: dict) -> str:
+    """The camera offset of each channel, one for all its planes, with its standard error and what each
+    plane alone would have given (diagnostics)."""
+    if not offsets:
+        return ""
+    parts = [f"CH{ch} {o['counts']:.0f} &plusmn; {o['standard_error']:.1f}"
+             + (" <b>uncertain</b>" if o["uncertain"] else "")
+             + f" (each plane alone: {' '.join(f'{v:.0f}' for v in o['per_plane'])})"
+             for ch, o in sorted(offsets.items())]
+    return "<div class='small'>Camera offset, one per channel for all its planes (counts): " + "; ".join(parts) + "</div>"
+
+
+def _defects_line(counts: dict, cycle: str) -> str:
+    n = sum(counts.values())
+    if not n:
+        return "No defective sensor pixels found."
+    kinds = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    return (f"{n} defective sensor pixels ({html.escape(kinds)}) replaced by their neighbours' median in every tile: "
+            f"<a href='../basic/{cycle}/defects.csv'>defects.csv</a>.")
 
 
 def _read_pairs(path: Path) -> list[dict]:

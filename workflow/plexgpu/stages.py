@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .image import basic, deconvolution, edf, psf, registration, shading, stitching
+from .image import basic, deconvolution, defects, edf, psf, registration, shading, stitching
 from . import xp as xpmod
 from .experiment import CycleSpec
 from .io.raw import RawDataError
@@ -55,15 +55,19 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     each. ``read_plane(channel, z)`` gives a plane's tiles in tile order (default: the
     raw files; bench/gpu_cycle.py hands over tiles made in memory); each plane is asked for twice.
 
-    The steps, each timed: read every plane at working size -> BaSiC fit of all planes -> the
-    stitching model from the reference plane -> every plane's flatfield refined on the overlaps and
-    its offset -> correct and blend every plane into its channel's mosaic -> the planes record.
+    The steps, each timed: the sensor's defective pixels (then repaired in every tile read) -> read
+    every plane at working size -> BaSiC fit of all planes -> the stitching model from the reference
+    plane -> every plane's flatfield refined on the overlaps and its offset -> correct and blend every
+    plane into its channel's mosaic -> the planes record.
     """
     read_plane = read_plane or (lambda ch, z: _read_plane(ctx, spec, ch, z))
     params = basic.BasicParams.from_config(basic_cfg)
     planes = [(ch, z) for ch in spec.channels for z in range(1, spec.z_planes + 1)]
     reference = (stitch_cfg["reference_channel"], (spec.z_planes + 1) // 2)     # in-focus (middle) plane
     times: dict = {}
+    with _timed(times, "defects_s"):
+        bad_pixels = _find_defects(ctx, spec, basic_cfg, read_plane, reference[1], out)
+    read_plane = _repaired(read_plane, bad_pixels)
     with _timed(times, "read_s"):
         small, ref_tiles, tile_shape = _read_working_size(ctx, spec, params, planes, reference, read_plane)
     with _timed(times, "fit_s"):
@@ -71,15 +75,47 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     model = _stitching_model(ctx, spec, stitch_cfg, fit, planes.index(reference), ref_tiles, tile_shape, reference,
                              out)
     with _timed(times, "shading_s"):
-        shades = _shade_planes(ctx, spec, basic_cfg, params, small, fit, model, tile_shape, planes)
+        shades, offsets = _shade_planes(ctx, spec, basic_cfg, params, small, fit, model, tile_shape, planes)
     del small, fit
     recorded, saturated = _blend_mosaics(ctx, spec, model, shades, planes, tile_shape, read_plane,
                                          {reference: ref_tiles}, out)
     footprints = [[int(y), int(x), int(tile_shape[0]), int(tile_shape[1])] for y, x in model.placement]
     PlanesRecord(recorded, saturated, {f"{ch}/{z}": _shading_record(sh) for (ch, z), sh in zip(planes, shades)},
-                 footprints).write(out["planes"])
+                 footprints, offsets, bad_pixels.counts()).write(out["planes"])
     return {"planes": len(planes), **times, "pairs_accepted": sum(p.accepted for p in model.pairs),
-            "pairs": len(model.pairs), "saturated": saturated}
+            "pairs": len(model.pairs), "saturated": saturated, "defective_pixels": len(bad_pixels)}
+
+
+def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane, ref_z: int, out) -> defects.Defects:
+    """The sensor's defective pixels: from a dark frame the user gave, and from their persistence across
+    the tiles of each channel's middle plane (one camera: the union over channels); written to
+    ``out["defects"]``."""
+    found = None
+    for ch in spec.channels:
+        tiles = read_plane(ch, ref_z)
+        d = defects.find_defects(tiles, ctx.xp)
+        log.info("CH%d Z%03d: %d defective sensor pixels persist across the %d tiles (%s)", ch, ref_z, len(d),
+                 len(tiles), ", ".join(f"{k} {n}" for k, n in d.counts().items() if n) or "none")
+        found = d if found is None else found.union(d)
+        shape = tuple(tiles[0].shape)
+        del tiles
+    if basic.DarkfieldSetting.from_config(basic_cfg["darkfield"]).frame:
+        frame = basic.known_offset(basic_cfg["darkfield"], shape, basic_cfg["working_size"])[0]
+        from_frame = defects.defects_in_dark_frame(frame)
+        log.info("dark frame: %d hot pixels", len(from_frame))
+        found = from_frame.union(found)
+    write_text_atomic(out["defects"], found.csv())
+    if len(found):
+        log.info("%s: %d defective sensor pixels replaced by their neighbours' median in every tile (%s)", spec.key,
+                 len(found), out["defects"])
+    return found
+
+
+def _repaired(read_plane, bad_pixels: defects.Defects):
+    """``read_plane`` whose tiles have the sensor's defective pixels replaced."""
+    if not len(bad_pixels):
+        return read_plane
+    return lambda ch, z: [defects.repair(t, bad_pixels) for t in read_plane(ch, z)]
 
 
 @contextmanager
@@ -198,19 +234,47 @@ def _blend_mosaics(ctx: JobContext, spec: CycleSpec, model, shades, planes, tile
 
 
 def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, small, fit, model, tile_shape,
-                  planes) -> list:
-    """Every plane's flatfield refined on the accepted pairs' overlaps, and its camera offset (host)."""
+                  planes) -> tuple[list, dict]:
+    """Every plane's flatfield refined on the accepted pairs' overlaps, and its camera offset (host):
+    one per channel for all its planes where it is fitted. Returns the shadings and, per channel, the
+    fitted offset's record."""
     ws = params.working_size
     pairs = [(p.a, p.b, model.positions[p.b] - model.positions[p.a]) for p in model.pairs if p.accepted]
     scale = (ws / tile_shape[0], ws / tile_shape[1])
     given = basic.known_offset(basic_cfg["darkfield"], tile_shape, ws)
 
-    def one(i):
+    def inputs(i):
         envelope = xpmod.to_host(fit.darkfield[i]).astype(np.float64) if params.darkfield else None
-        return shading.shade_plane(xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]),
-                                   envelope, pairs, scale, None if given is None else given[1])
+        return xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]), envelope
+
+    if params.darkfield and given is None:      # fitted: one offset per channel, from all its planes at once
+        firsts = list(ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale), range(len(planes))))
+        offsets = {}
+        for ch in spec.channels:
+            mine = [i for i, (c, _) in enumerate(planes) if c == ch]
+            offsets[ch] = off = shading.estimate_channel_offset(
+                [xpmod.to_host(fit.darkfield[i]).astype(np.float64) for i in mine], [firsts[i] for i in mine])
+            log.info("CH%d: camera offset %.1f counts (standard error %.1f over %d planes; each plane alone %s), "
+                     "dimmest light floor %.0f counts", ch, float(off.image.mean()), off.uncertainty, len(mine),
+                     " ".join(f"{v:.0f}" for v in off.per_plane), off.light_floor)
+            if off.uncertain:
+                log.warning("CH%d: the camera offset is uncertain: %.1f +- %.1f counts (about %.0f-%.0f) against a "
+                            "dimmest light floor of %.0f counts; give it as basic.darkfield: <counts> or a dark "
+                            "frame", ch, float(off.image.mean()), off.uncertainty,
+                            float(off.image.mean()) - 2 * off.uncertainty, float(off.image.mean()) + 2 * off.uncertainty,
+                            off.light_floor)
+        del firsts
+
+        def one(i):
+            return shading.shade_with_offset(*inputs(i), pairs, scale, offsets[planes[i][0]])
+    else:
+        def one(i):
+            return shading.shade_plane(*inputs(i), pairs, scale, None if given is None else given[1])
 
     shades = list(ctx.pool.map(one, range(len(planes))))
+    record = {str(ch): {"counts": float(o.image.mean()), "standard_error": o.uncertainty,
+                        "per_plane": list(o.per_plane), "light_floor": o.light_floor, "uncertain": o.uncertain}
+              for ch, o in (offsets.items() if params.darkfield and given is None else ())}
     for (ch, z), sh in zip(planes, shades):
         r = sh.refinement
         if r.degree is None:
@@ -219,11 +283,7 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
             log.info("CH%d Z%03d: flatfield refined on %d overlap samples (degree %d, %s subtracted): seams "
                      "%.1f%% -> %.1f%%; offset %s, mean %.1f", ch, z, r.samples, r.degree, r.additive,
                      100 * r.seam_before, 100 * r.seam_after, sh.offset, float(sh.darkfield.mean()))
-        if sh.offset_uncertain:
-            log.warning("CH%d Z%03d: every tile carries light at every pixel (about %.0f counts above the offset "
-                        "estimate %.0f): the camera offset is uncertain; give it as basic.darkfield: <counts> "
-                        "or a dark frame", ch, z, sh.light_floor, float(sh.darkfield.mean()))
-    return shades
+    return shades, record
 
 
 def _shading_record(sh) -> dict:

@@ -263,6 +263,81 @@ def estimate_offset(envelope: np.ndarray, flat: np.ndarray) -> Offset:
     return Offset(image, floor, floor > UNCERTAIN_FLOOR * float(image.mean()))
 
 
+def _envelope_blocks(envelope: np.ndarray, flat: np.ndarray):
+    """The smoothed envelope and the flatfield as GRID x GRID block means, and the blocks' (y, x) in [0, 1]."""
+    envelope = ndimage.gaussian_filter(np.asarray(envelope, np.float64), ENVELOPE_SIGMA, mode="nearest")
+    h, w = envelope.shape
+    fy, fx = max(1, h // GRID), max(1, w // GRID)
+    gy, gx = h // fy, w // fx
+    def blocks(a):
+        return a[:gy * fy, :gx * fx].reshape(gy, fy, gx, fx).mean(axis=(1, 3))
+    yy, xx = np.mgrid[0:gy, 0:gx] / np.array([max(gy - 1, 1), max(gx - 1, 1)])[:, None, None]
+    return blocks(envelope), blocks(np.asarray(flat, np.float64)), yy.ravel(), xx.ravel()
+
+
+@dataclass(frozen=True)
+class ChannelOffset:
+    """One camera offset for every z-plane of a channel (the offset belongs to the camera, not to a
+    plane), from all its planes' envelopes at once."""
+
+    image: np.ndarray            # (ws, ws) affine offset, shared by every plane
+    light_floor: float           # light the dimmest plane's envelope holds above it (mean counts)
+    uncertainty: float           # jackknife standard error over the planes of the offset's mean (counts)
+    per_plane: tuple[float, ...]  # each plane's own estimate (estimate_offset): diagnostics only
+    uncertain: bool              # uncertainty above UNCERTAIN_OF_FLOOR of the light floor (and MIN_UNCERTAINTY)
+
+
+UNCERTAIN_OF_FLOOR = 0.1         # the offset is uncertain when its standard error exceeds this fraction of the
+MIN_UNCERTAINTY = 2.0            # dimmest plane's light floor, and this many counts
+
+
+def _joint_fit(parts, keep) -> tuple[np.ndarray, np.ndarray]:
+    """Shared affine offset (c0, cy, cx) and a light level m_z >= 0 per plane, the SUPPORT_QUANTILE lower
+    support of the planes ``keep`` together: envelope_z = offset + m_z flatfield_z."""
+    rows, b = [], []
+    for j, k in enumerate(keep):
+        L, F, yy, xx = parts[k]
+        light = np.zeros((L.size, len(keep)))
+        light[:, j] = F.ravel()
+        rows.append(np.hstack([np.stack([np.ones(L.size), yy, xx], 1), light]))
+        b.append(L.ravel())
+    A, b = np.vstack(rows), np.concatenate(b)
+    free = np.ones(A.shape[1], bool)
+    for _ in range(len(keep) + 1):                 # light cannot be negative: such a plane's light term is 0
+        c = np.zeros(A.shape[1])
+        c[free] = _quantile_fit(A[:, free], b, SUPPORT_QUANTILE)
+        negative = free & (c < 0)
+        negative[:3] = False
+        if not negative.any():
+            break
+        free &= ~negative
+    return c[:3], c[3:]
+
+
+def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]) -> ChannelOffset:
+    """The camera offset of one channel from the low envelopes and (first) flatfields of all its
+    planes: per plane the envelope is the offset plus that plane's light floor times its flatfield;
+    the offset is shared, so every plane's light pins it down together (the flatfield moves between
+    planes while the offset stays). Its standard error by jackknife over the planes."""
+    parts = [_envelope_blocks(e, f) for e, f in zip(envelopes, flats)]
+    n = len(parts)
+    off, light = _joint_fit(parts, list(range(n)))
+    h, w = envelopes[0].shape
+    Y, X = np.mgrid[0:h, 0:w] / np.array([max(h - 1, 1), max(w - 1, 1)])[:, None, None]
+    image = np.maximum(off[0] + off[1] * Y + off[2] * X, 0).astype(np.float32)
+    if n >= 3:
+        leave_one_out = []
+        for k in range(n):
+            o, _ = _joint_fit(parts, [i for i in range(n) if i != k])
+            leave_one_out.append(float(np.maximum(o[0] + o[1] * Y + o[2] * X, 0).mean()))
+        se = float(np.sqrt((n - 1) / n * np.sum((np.array(leave_one_out) - np.mean(leave_one_out)) ** 2)))
+    else:
+        se = float("inf")
+    floor = float(min(m * p[1].mean() for m, p in zip(light, parts)))
+    per_plane = tuple(float(estimate_offset(e, f).image.mean()) for e, f in zip(envelopes, flats))
+    return ChannelOffset(image, floor, se, per_plane, se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY))
+
+
 @dataclass(frozen=True)
 class PlaneShading:
     """A plane's shading at working size: what the stitch stage corrects with."""
@@ -273,6 +348,19 @@ class PlaneShading:
     offset: str                  # "fitted", "given" or "off"
     light_floor: float = 0.0     # light the dimmest tiles carry above the fitted offset (mean counts)
     offset_uncertain: bool = False
+
+
+def first_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.ndarray:
+    """A plane's flatfield refined with its low envelope subtracted: what its light floor is shaped by,
+    for the channel's offset (estimate_channel_offset)."""
+    return refine_flatfield(tiles, basic_flat, {"envelope": envelope}, pairs, scale)[0]
+
+
+def shade_with_offset(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray, pairs, scale,
+                      offset: ChannelOffset) -> PlaneShading:
+    """A plane's flatfield refined with its channel's fitted offset (or its envelope) subtracted."""
+    flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": offset.image}, pairs, scale)
+    return PlaneShading(flat, offset.image, ref, "fitted", offset.light_floor, offset.uncertain)
 
 
 def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray | None, pairs, scale,

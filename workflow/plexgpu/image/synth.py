@@ -63,6 +63,8 @@ class SynthSpec:
     sparse_fraction: float = 0.08
     tissue_fraction: float = 0.8
     blank_tiles: tuple[int, ...] = ()
+    hot_pixels: float = 0.0        # fraction of sensor pixels that are hot: the same positions in every tile,
+                                   # channel and cycle (one camera), each adding a fixed 300-4000 counts
     thickness_um: float = 0.0      # 0: a thin sheet; else each pixel a uniform slab this deep around its depth
     pixel_size_um: float = 0.377
     z_step_um: float = 1.5
@@ -73,6 +75,8 @@ class SynthSpec:
             raise ValueError(f"SynthSpec.thickness_um must be >= 0 (0: a thin sheet), not {self.thickness_um}")
         if not 0 <= self.vignetting < 1:
             raise ValueError(f"SynthSpec.vignetting must be in [0, 1), not {self.vignetting}")
+        if not 0 <= self.hot_pixels < 0.5:
+            raise ValueError(f"SynthSpec.hot_pixels must be a fraction in [0, 0.5), not {self.hot_pixels}")
         if self.jitter_px < 0 or self.cycle_shift_px < 0 or self.dark_offset < 0 or self.nuclei_density <= 0:
             raise ValueError("SynthSpec: jitter_px, cycle_shift_px and dark_offset must be >= 0, nuclei_density > 0")
 
@@ -331,13 +335,22 @@ class SynthDataset:
 
     def darkfield(self, channel: int, z: int) -> np.ndarray:
         """Camera offset of (channel, z), as an sCMOS dark frame shows it: about ``dark_offset``
-        counts, a gradient across the sensor and a fixed pattern of column offsets (+-2 %)."""
+        counts, a gradient across the sensor and a fixed pattern of column offsets (+-2 %). It belongs
+        to the camera and its readout mode: the same on every z-plane, a little different per channel."""
         h, w = self.spec.tile
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
         off = self.spec.dark_offset
-        base = off * (0.8 + 0.1 * channel + 0.02 * z)
+        base = off * (0.8 + 0.1 * channel)
         columns = np.random.default_rng([self.spec.seed, 7]).uniform(-0.02, 0.02, w).astype(np.float32) * off
         return (base + 0.25 * off * (xx / w) + 0.1 * off * (yy / h) + columns[None, :]).astype(np.float32)
+
+    def hot_pixels(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The camera's hot pixels: (y, x, counts added), the same for every tile, channel and cycle."""
+        h, w = self.spec.tile
+        rng = np.random.default_rng([self.spec.seed, 11])
+        n = int(round(self.spec.hot_pixels * h * w))
+        flat = rng.choice(h * w, n, replace=False)
+        return flat // w, flat % w, rng.uniform(300, 4000, n).astype(np.float32)
 
     def rotation(self) -> np.ndarray:
         """Camera axes in specimen coordinates: (y, x) of a tile pixel maps to R @ (y, x)."""
@@ -390,6 +403,9 @@ class SynthDataset:
                         val = sig + dark
                         if spec.read_noise:
                             val = val + rng.normal(0, spec.read_noise, val.shape).astype(np.float32)
+                        if spec.hot_pixels:
+                            hy, hx, hv = self.hot_pixels()
+                            val[hy, hx] += hv
                         raw = np.clip(np.rint(val), 0, 65535).astype(np.uint16)
                         write_tiff(folder / tile_filename(spec.region, t, z, ch), raw)
         h, w = spec.tile
@@ -413,6 +429,7 @@ class SynthDataset:
             "cycle_shifts": [list(s) for s in self.cycle_shifts],
             "positions": [[list(p) for p in pos] for pos in self.positions],
             "stage_positions": [[list(p) for p in pos] for pos in self.stage],
+            "hot_pixels": [[int(y), int(x), float(v)] for y, x, v in zip(*self.hot_pixels())],
         }
         write_text_atomic(folder / "truth.json", json.dumps(truth, indent=1))
         flats = np.stack([np.stack([self.flatfield(ch, z) for z in range(1, spec.z_planes + 1)])

@@ -1,0 +1,128 @@
+"""Defective sensor pixels (hot, stuck, dead), found from their persistence, on the NumPy/CuPy seam.
+
+Every sCMOS camera has pixels whose reading does not follow the light: hot pixels (dark current:
+hundreds to thousands of counts more than their neighbours in every frame), stuck pixels (one value
+whatever the light) and dead ones (no response). They sit at the same sensor position in every tile
+of every cycle, while the specimen's structure lands somewhere else in each tile. So, per tile, the
+residual from its 3 x 3 median r = tile - median3x3(tile); per sensor pixel the median of r over the
+tiles cancels the specimen and leaves the defect. Left in, identical spikes in every tile give
+phase correlation a peak at zero shift (pairs rejected, tiles misplaced) and BaSiC a flatfield
+spike.
+
+A pixel is **hot** (or **cold**) where that median residual is above (below) DEFECT_SIGMAS robust
+standard deviations of the map, and at least MIN_EXCESS counts; **stuck** where its reading varies
+across the tiles less than STUCK_FRACTION of what its neighbours' readings do. A dark frame from the
+user, where given, is read the same way (one frame: its residual from its own 3 x 3 median). Found
+pixels are replaced, in every tile of every plane, by the median of their 8 neighbours before BaSiC
+and stitching.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import xp as xpmod
+
+DEFECT_SIGMAS = 10.0     # |median residual| beyond this many robust stds of the map: a defect
+MIN_EXCESS = 50.0        # ... and at least this many counts (noise of a median over few tiles)
+STUCK_FRACTION = 0.05    # a reading varying across tiles less than this fraction of its neighbours': stuck
+MIN_TILES = 5            # fewer tiles: persistence cannot be told from the specimen; nothing is looked for
+_NEIGHBOURS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if (dy, dx) != (0, 0)]
+
+
+@dataclass(frozen=True)
+class Defects:
+    """Defective pixels of one sensor: positions, kind and median excess over the 3 x 3 median (counts)."""
+
+    y: np.ndarray
+    x: np.ndarray
+    kind: list[str]
+    excess: np.ndarray
+    shape: tuple[int, int]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def counts(self) -> dict[str, int]:
+        return {k: self.kind.count(k) for k in ("hot", "cold", "stuck", "dark frame")}
+
+    def csv(self) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["y", "x", "kind", "excess_counts"])
+        for y, x, k, e in zip(self.y, self.x, self.kind, self.excess):
+            w.writerow([int(y), int(x), k, f"{float(e):.1f}"])
+        return buf.getvalue()
+
+    def union(self, other: "Defects") -> "Defects":
+        seen = {(int(y), int(x)) for y, x in zip(self.y, self.x)}
+        keep = [i for i, (y, x) in enumerate(zip(other.y, other.x)) if (int(y), int(x)) not in seen]
+        return Defects(np.concatenate([self.y, other.y[keep]]), np.concatenate([self.x, other.x[keep]]),
+                       self.kind + [other.kind[i] for i in keep], np.concatenate([self.excess, other.excess[keep]]),
+                       self.shape)
+
+
+def none(shape) -> Defects:
+    return Defects(np.zeros(0, int), np.zeros(0, int), [], np.zeros(0, np.float32), tuple(shape))
+
+
+def _robust_std(values, xp) -> float:
+    med = xp.median(values)
+    return float(1.4826 * xp.median(xp.abs(values - med))) + 1e-6
+
+
+def find_defects(tiles, xp=None) -> Defects:
+    """Defective pixels from one plane's tiles (a list of YX arrays of one sensor, host or device)."""
+    xp = xp or xpmod.array_module(tiles[0])
+    shape = tuple(tiles[0].shape)
+    if len(tiles) < MIN_TILES:
+        return none(shape)
+    ndi = xpmod.ndimage(xp)
+    stack = xp.stack([xpmod.to_device(t, xp).astype(xp.float32) for t in tiles])
+    residual = stack - ndi.median_filter(stack, size=(1, 3, 3), mode="nearest")
+    persistent = xp.median(residual, axis=0)                     # the specimen cancels, the sensor stays
+    del residual
+    spread = xp.std(stack, axis=0)                               # how much each reading follows the light
+    del stack
+    sigma = _robust_std(persistent, xp)
+    limit = max(DEFECT_SIGMAS * sigma, MIN_EXCESS)
+    hot = persistent > limit
+    cold = persistent < -limit
+    around = ndi.median_filter(spread, size=3, mode="nearest")
+    stuck = (spread < STUCK_FRACTION * around) & ~hot & ~cold
+    out = []
+    for kind, mask in (("hot", hot), ("cold", cold), ("stuck", stuck)):
+        ys, xs = (xpmod.to_host(a) for a in xp.nonzero(mask))
+        out.append(Defects(ys, xs, [kind] * len(ys), xpmod.to_host(persistent[mask]).astype(np.float32), shape))
+    found = out[0]
+    for d in out[1:]:
+        found = found.union(d)
+    return found
+
+
+def defects_in_dark_frame(frame: np.ndarray) -> Defects:
+    """Hot pixels of a dark frame: its residual from its own 3 x 3 median, beyond the same limit."""
+    from scipy import ndimage
+
+    frame = np.asarray(frame, np.float32)
+    residual = frame - ndimage.median_filter(frame, size=3, mode="nearest")
+    limit = max(DEFECT_SIGMAS * _robust_std(residual, np), MIN_EXCESS)
+    ys, xs = np.nonzero(np.abs(residual) > limit)
+    return Defects(ys, xs, ["dark frame"] * len(ys), residual[ys, xs], tuple(frame.shape))
+
+
+def repair(tile, defects: Defects):
+    """The tile with each defective pixel replaced by the median of its 8 neighbours (a copy)."""
+    if not len(defects):
+        return tile
+    xp = xpmod.array_module(tile)
+    h, w = defects.shape
+    ys, xs = xpmod.to_device(defects.y, xp), xpmod.to_device(defects.x, xp)
+    around = xp.stack([tile[xp.clip(ys + dy, 0, h - 1), xp.clip(xs + dx, 0, w - 1)] for dy, dx in _NEIGHBOURS])
+    out = tile.copy()
+    out[ys, xs] = xp.median(around.astype(xp.float32), axis=0).astype(tile.dtype)
+    return out
