@@ -67,6 +67,7 @@ rule qc_edf:
 rule qc_registration:
     input:
         shifts=stage_output("registration", "shifts"),
+        transforms=stage_output("registration", "transforms"),
         reference=expand(
             f"{R}/{paths.output_pattern('registration', 'registered')}",
             cycle=CYCLES,

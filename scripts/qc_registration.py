@@ -10,5 +10,5 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
 with job_context("qc_registration", sm.log[0], sm.resources, "cpu"):
-    qc.qc_registration(sm.input.shifts, list(sm.input.reference), sm.params.cycles, list(sm.output.overlays),
-                       sm.output.metrics)
+    qc.qc_registration(sm.input.shifts, sm.input.transforms, list(sm.input.reference), sm.params.cycles,
+                       list(sm.output.overlays), sm.output.metrics)

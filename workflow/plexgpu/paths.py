@@ -54,6 +54,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("registration", (("registered", "registered/{cycle}/CH{ch}.ome.tif"),
                            ("registered_deconvolved", "registered/{cycle}/CH{ch}.deconvolved.ome.tif"),
                            ("shifts", "registered/shifts.csv"),
+                           ("transforms", "registered/transforms.json"),         # rigid + local field per cycle
                            ("plex", "registered/plex.ome.tif"),                # measure per-cell intensities here
                            ("plex_deconvolved", "registered/plex_deconvolved.ome.tif"),  # view and segment here
                            ("markers", "registered/markers.csv")),             # MCMICRO's columns

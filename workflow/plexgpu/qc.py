@@ -37,6 +37,7 @@ FLAT_RANGE = (0.5, 1.5)
 FLUX_WARN, FLUX_FAIL = 0.05, 0.2
 FOCUS_AT_END_FRACTION = 0.25
 MIN_REGISTERED_NCC = 0.5
+MAX_BLOCK_RESIDUAL_PX = 0.75       # a block further off than this after registration: warn (cells ~25 px)
 
 
 # ----------------------------------------------------------------------------- pictures
@@ -280,12 +281,24 @@ def _ncc(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum()) / den if den > 0 else 0.0
 
 
-def qc_registration(shifts_csv: str, registered_ref: list[str], cycles: list[str], overlays: list[str],
-                    out_json: str) -> dict:
+def residual_picture(residual: list[list], height: int) -> np.ndarray:
+    """The local residual after registration on its block grid, viridis over 0..MAX_BLOCK_RESIDUAL_PX
+    (brighter: worse), grey where a block could not be measured, scaled to ``height`` rows."""
+    r = np.array([[np.nan if v is None else v for v in row] for row in residual], float) if residual else \
+        np.full((1, 1), np.nan)
+    k = max(1, height // max(r.shape[0], 1))
+    rgb = colormap(np.clip(r / MAX_BLOCK_RESIDUAL_PX, 0, 1))
+    return np.repeat(np.repeat(rgb, k, axis=0), k, axis=1)
+
+
+def qc_registration(shifts_csv: str, transforms_json: str, registered_ref: list[str], cycles: list[str],
+                    overlays: list[str], out_json: str) -> dict:
     """Per cycle: the two-colour overlay of its reference channel (green) on the reference cycle's
-    (magenta; white where they agree) after registration, and their NCC."""
+    (magenta; white where they agree) after registration, their NCC, and beside it the map of the local
+    residual block by block; the verdict follows the worst block, not the whole image."""
     with open(shifts_csv) as fh:
         shifts = list(csv.DictReader(fh))
+    transforms = json.loads(Path(transforms_json).read_text())
     ref_cycle = next(s["cycle"] for s in shifts if s["score"] == "reference")
     images = dict(zip(cycles, registered_ref))
     ref = _thumb(read_tiff(images[ref_cycle]), THUMB_PX)
@@ -297,9 +310,21 @@ def qc_registration(shifts_csv: str, registered_ref: list[str], cycles: list[str
         if per_cycle[cycle]["ncc_to_reference"] < MIN_REGISTERED_NCC and cycle != ref_cycle:
             problems.append(("warn", f"{cycle}: reference channel resembles the reference cycle with NCC "
                                      f"{per_cycle[cycle]['ncc_to_reference']:.2f} after registration"))
+        t = transforms.get(cycle, {})
+        res = [v for row in t.get("residual_px", []) for v in row if v is not None]
+        per_cycle[cycle].update(residual_worst_px=max(res) if res else None,
+                                residual_median_px=float(np.median(res)) if res else None,
+                                blocks_rigid_only=int(np.sum(t.get("rigid_only", []))))
+        if res and max(res) > MAX_BLOCK_RESIDUAL_PX and cycle != ref_cycle:
+            problems.append(("warn", f"{cycle}: after registration a block is still {max(res):.2f} px off (median "
+                                     f"{np.median(res):.2f} px over {len(res)} blocks; map beside the overlay)"))
+        if per_cycle[cycle]["blocks_rigid_only"] and cycle != ref_cycle:
+            problems.append(("warn", f"{cycle}: {per_cycle[cycle]['blocks_rigid_only']} blocks with no measurable "
+                                     "local shift near them (blank or bleached): rigid model only there (grey on "
+                                     "the map)"))
         g = _stretch(img)
-        rgb = np.stack([ref01, g, ref01], axis=-1)
-        _save_png(png, (np.nan_to_num(rgb) * 255).astype(np.uint8))
+        rgb = (np.nan_to_num(np.stack([ref01, g, ref01], axis=-1)) * 255).astype(np.uint8)
+        _save_png(png, _row([rgb, residual_picture(t.get("residual_px", []), rgb.shape[0])]))
     for s in shifts:
         s.update(per_cycle.get(s["cycle"], {}))
     metrics = {"shifts": shifts, "reference_cycle": ref_cycle,

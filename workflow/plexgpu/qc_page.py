@@ -125,7 +125,8 @@ def write_index(out_html: str, out_json: str, inputs) -> None:
     # -- registration across cycles
     parts.append(f"<h2>Registration (reference {html.escape(reg_m['reference_cycle'])})</h2>"
                  f"<p class='small'>{html.escape(reg_m['overlay'])}</p>"
-                 + _table(reg_m["shifts"], ["cycle", "dy_px", "dx_px", "score", "ncc_to_reference"]))
+                 + _table(reg_m["shifts"], ["cycle", "dy_px", "dx_px", "rotation_deg", "score", "ncc_to_reference",
+                                            "residual_worst_px", "residual_median_px", "blocks_rigid_only"]))
     # -- per cycle
     for i, c in enumerate(cycles):
         st, de, ed = data["stitch"][i], data["deconvolve"][i], data["edf"][i]
@@ -146,7 +147,9 @@ def write_index(out_html: str, out_json: str, inputs) -> None:
                      f"{_scale('focus plane', 1, max(v['planes'] for v in ed['channels'].values()), '.0f')}"
                      "</figcaption></figure>")
         parts.append(f"<figure><img src='registration/{c}.png' width='460'><figcaption>Reference channel after "
-                     f"registration on the reference cycle: {html.escape(reg_m['overlay'])}.</figcaption></figure>")
+                     f"registration on the reference cycle: {html.escape(reg_m['overlay'])}. Right: the local residual "
+                     "block by block after registration (viridis 0-0.75 px, brighter is worse; grey: not measurable)."
+                     "</figcaption></figure>")
         parts.append(f"<figure><img src='{rel(Path(decon[i]).with_suffix('.png'))}' width='460'><figcaption>"
                      "Middle plane before | after deconvolution (one contrast per channel).</figcaption></figure>")
         parts.append("<figure>" + _histogram_svg({"stitched": st.get("histogram"), "deconvolved": de.get("histogram"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -417,25 +418,37 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out
     first = next(iter(src))
     reference = xpmod.to_device(read_tiff(src[first][ref_key][ref_ch]).astype(np.float32), xp)
     shape = tuple(reference.shape)
-    shifts, names = [], []
+    shifts, names, residual = [], [], {}
     registered: dict = {kind: [] for kind in src}
     advance = ctx.progress("register cycles", len(specs))
     for spec in specs:
         moving = reference if spec.key == ref_key else \
             xpmod.to_device(read_tiff(src[first][spec.key][ref_ch]).astype(np.float32), xp)
         if spec.key == ref_key:
-            s = registration.Shift(spec.key, 0.0, 0.0, float("inf"), 0.0)
+            s = registration.Transform(spec.key, "translation", 0.0, 0.0, significance=float("inf"))
         else:
-            s = registration.measure_shift(reference, moving, spec.key)
+            s = registration.register_cycle(reference, moving, spec.key, reg_cfg["model"], reg_cfg["block_px"],
+                                            reg_cfg["smoothness"], reg_cfg["max_local_px"])
         shifts.append(s)
-        log.info("%s: shift (%.3f, %.3f) px, significance %.1f (threshold %.1f)", spec.key, s.dy, s.dx,
-                 s.significance, s.threshold)
+        log.info("%s: %s model: shift (%.3f, %.3f) px, rotation %.4f deg, significance %.1f (threshold %.1f); "
+                 "%d of %d blocks measured", spec.key, s.model, s.dy, s.dx, s.rotation_deg, s.significance,
+                 s.threshold, s.blocks_reliable, s.blocks_total)
         for ch in spec.channels:
             names.append(spec.marker(ch))
             for kind in src:
                 img = moving if (kind == first and ch == ref_ch) else \
                     xpmod.to_device(read_tiff(src[kind][spec.key][ch]).astype(np.float32), xp)
-                reg = xpmod.to_host(registration.apply_shift(img, s, shape))
+                moved = registration.apply_transform(img, s, shape)
+                if kind == first and ch == ref_ch:          # what is left, block by block (held-out blocks)
+                    covered = xpmod.to_host(registration.coverage(tuple(img.shape), s, shape, xp))
+                    res, _ = registration.local_residuals(reference, moved, reg_cfg["block_px"], covered)
+                    residual[spec.key] = res
+                    if np.isfinite(res).any():
+                        log.info("%s: local residual after registration: worst %.3f px, median %.3f px over %d "
+                                 "blocks", spec.key, float(np.nanmax(res)), float(np.nanmedian(res)),
+                                 int(np.isfinite(res).sum()))
+                reg = xpmod.to_host(moved)
+                del moved
                 path = dst[kind][spec.key][ch]
                 write_plane(path, reg, spec.marker(ch), spec.pixel_size_um, workers=ctx.workers)
                 registered[kind].append(path)
@@ -444,10 +457,19 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out
         advance()
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["cycle", "dy_px", "dx_px", "score"])
+    w.writerow(["cycle", "dy_px", "dx_px", "score", "rotation_deg", "residual_max_px", "residual_median_px"])
+    def px(v):
+        return f"{v:.3f}" if np.isfinite(v) else ""
     for s in shifts:
-        w.writerow([s.cycle, f"{s.dy:.3f}", f"{s.dx:.3f}", "reference" if s.cycle == ref_key else f"{s.significance:.2f}"])
+        r = residual.get(s.cycle, np.full(1, np.nan))
+        worst, med = (float(np.nanmax(r)), float(np.nanmedian(r))) if np.isfinite(r).any() else (np.nan, np.nan)
+        w.writerow([s.cycle, f"{s.dy:.3f}", f"{s.dx:.3f}", "reference" if s.cycle == ref_key else f"{s.significance:.2f}",
+                    f"{s.rotation_deg:.4f}", px(worst), px(med)])
     write_text_atomic(out["shifts"], buf.getvalue())
+    write_text_atomic(out["transforms"], json.dumps(
+        {s.cycle: {**s.as_dict(), "block_px": reg_cfg["block_px"],
+                   "residual_px": [[None if not np.isfinite(v) else round(float(v), 3) for v in row]
+                                   for row in residual.get(s.cycle, np.zeros((0, 0)))]} for s in shifts}))
     cycles = [spec.cycle for spec in specs for _ in spec.channels]
     unique = unique_channel_names(names, cycles)
     write_text_atomic(out["markers"], markers_csv(unique, cycles))
