@@ -31,6 +31,7 @@ rule qc_decon:
     input:
         stitched=stage_output("stitch", "stitched"),
         deconvolved=stage_output("deconvolve", "deconvolved"),
+        flux=stage_output("deconvolve", "flux"),
     output:
         png=f"{R}/qc/deconvolve/{{cycle}}.png",
         metrics=f"{R}/qc/deconvolve/{{cycle}}.json",

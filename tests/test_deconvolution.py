@@ -83,7 +83,9 @@ def test_rl_flux_kept_and_sharpens(blurred, xp):
     img, p = blurred
     out = xpmod.to_host(dc.richardson_lucy(xpmod.to_device(img, xp), p, 20))
     assert out.dtype == np.float32
-    assert abs(out.sum() / img.sum() - 1) < 0.01        # no rescaling to the dtype range
+    # no rescaling to the dtype range; the recorded planes gain the light of theirs that the stack did not
+    # record (it left through the top and bottom planes), and lose what came from beyond them
+    assert abs(out.sum() / img.sum() - 1) < 0.03
     assert out.max() > 1.5 * img.max()                    # it deconvolves
 
 
@@ -94,7 +96,7 @@ def test_rl_with_negative_read_noise_stays_finite(blurred, xp):
     out = xpmod.to_host(dc.richardson_lucy(xpmod.to_device(noisy, xp), p, 25))
     assert np.isfinite(out).all() and out.min() >= 0
     assert out.max() < 10 * img.max()
-    assert abs(out.sum() / np.clip(noisy, 0, None).sum() - 1) < 0.01
+    assert abs(out.sum() / np.clip(noisy, 0, None).sum() - 1) < 0.03   # as in test_rl_flux_kept_and_sharpens
 
 
 def test_chunked_equals_whole(blurred, xp):
@@ -114,12 +116,21 @@ def test_zero_iterations_is_identity(blurred):
     assert np.array_equal(dc.richardson_lucy(img, p, 0), img)
 
 
-def test_z_is_one_mirror_period():
-    # the stack and its mirror image: no jump where the FFT period wraps, whatever the PSF depth
-    assert dc.padded_shape((8, 100, 100), (15, 25, 25))[0] == 16
-    assert dc.padded_shape((20, 100, 100), (7, 25, 25))[0] == 40
-    # a PSF deeper than the stack's mirror period cannot use it: padded instead
-    assert dc.padded_shape((3, 100, 100), (9, 25, 25))[0] >= 3 + 2 * 4
+def test_z_beyond_the_stack_is_unrecorded_not_a_mirror(xp):
+    """Light from a sheet just above the recorded planes (a widefield PSF as deep as the stack): a mirrored
+    stack made it a copy inside the recorded planes; RL now puts it where it came from, beyond them."""
+    assert dc.padded_shape((8, 100, 100), (15, 25, 25))[0] >= 8 + 2 * 7     # the estimate extends by the half depth
+    p = psf.psf(codex_optics(520), 6, 12)                                   # 13 planes
+    specimen = np.zeros((9 + 12, 64, 64), np.float32)
+    specimen[3, 20:44, 20:44] = 1000.0                                      # 3 planes above the recorded 6..14
+    recorded = np.clip(fftconvolve(specimen, p, mode="same"), 0, None)[6:15].astype(np.float32)
+    out = xpmod.to_host(dc.richardson_lucy(xpmod.to_device(recorded, xp), p, 25))
+    assert out.sum() < 0.5 * recorded.sum(), out.sum() / recorded.sum()     # mirrored: 0.99 of it stayed inside
+    inside = np.zeros((9, 64, 64), np.float32)
+    inside[4, 20:44, 20:44] = 1000.0                                        # and a sheet inside stays inside
+    rec = np.clip(fftconvolve(inside, p, mode="same"), 0, None).astype(np.float32)
+    out = xpmod.to_host(dc.richardson_lucy(xpmod.to_device(rec, xp), p, 25))
+    assert int(out.sum(axis=(1, 2)).argmax()) == 4 and abs(out.sum() / inside.sum() - 1) < 0.1, out.sum(axis=(1, 2))
 
 
 def test_computed_psf_is_cut_round_not_square():

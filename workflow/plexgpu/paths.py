@@ -45,7 +45,8 @@ PIPELINE: tuple[Stage, ...] = (
                      ("pairs", "stitched/{cycle}/pairs.csv"),
                      ("planes", "stitched/{cycle}/planes.json")),
           minutes=(8.0, 200.0), colour="#4c78a8"),
-    Stage("deconvolve", (("deconvolved", "deconvolved/{cycle}/CH{ch}.ome.tif"),),
+    Stage("deconvolve", (("deconvolved", "deconvolved/{cycle}/CH{ch}.ome.tif"),
+                         ("flux", "deconvolved/{cycle}/flux.json")),               # RL's flux per channel
           minutes=(12.0, 60.0), colour="#f58518"),
     Stage("edf", (("edf", "edf/{cycle}/CH{ch}.ome.tif"),                     # of the stitched stack: quantification
                   ("edf_deconvolved", "edf/{cycle}/CH{ch}.deconvolved.ome.tif"),  # display, segmentation

@@ -216,20 +216,27 @@ def _gradient(a: np.ndarray) -> float:
     return float(np.mean(np.abs(np.diff(a, axis=-1))) / max(float(np.mean(a)), 1e-12))
 
 
-def qc_decon(cycle: str, stitched: list[str], deconvolved: list[str], png: str, out_json: str) -> dict:
-    """Flux ratio and sharpness gain per channel; the middle plane before | after, same contrast."""
+def qc_decon(cycle: str, stitched: list[str], deconvolved: list[str], flux_json: str, png: str, out_json: str) -> dict:
+    """Per channel RL's fit (the result blurred again against the recorded light: 1 is what RL
+    guarantees; far from it, a PSF or boundary problem), the flux of the recorded planes before and
+    after (they differ by the light that left or entered through the stack's ends) and the sharpness
+    gain; the middle plane before | after, same contrast."""
+    fit = json.loads(Path(flux_json).read_text())
     rows, per_channel, problems, hist = [], {}, [], None
     for s_path, d_path in zip(stitched, deconvolved):
         s, d = StackReader(s_path), StackReader(d_path)          # plane by plane: stacks can exceed memory
         z = s.shape[0] // 2
         sz, dz = s[z].astype(np.float32), d[z]
         name = Path(d_path).name.split(".")[0]
-        ratio = _total(d) / max(_total(s), 1e-12)
-        per_channel[name] = {"flux_ratio": ratio, "sharpness_gain": _gradient(dz) / max(_gradient(sz), 1e-12)}
+        ratio = fit[name[2:]]["explained_ratio"]
+        per_channel[name] = {"fit_ratio": ratio, "flux_ratio": _total(d) / max(_total(s), 1e-12),
+                             "sharpness_gain": _gradient(dz) / max(_gradient(sz), 1e-12)}
         if abs(ratio - 1) > FLUX_FAIL:
-            problems.append(("fail", f"{name}: flux ratio {ratio:.3f} (RL keeps flux: PSF or boundary problem)"))
+            problems.append(("fail", f"{name}: the deconvolved stack blurred again holds {ratio:.3f} of the recorded "
+                                     "light (RL fits it to 1: PSF or boundary problem)"))
         elif abs(ratio - 1) > FLUX_WARN:
-            problems.append(("warn", f"{name}: flux ratio {ratio:.3f}"))
+            problems.append(("warn", f"{name}: the deconvolved stack blurred again holds {ratio:.3f} of the "
+                                     "recorded light"))
         lo, hi = float(np.percentile(sz, 0.5)), float(np.percentile(sz, 99.5))
         rows.append([_gray_rgb(_stretch(_thumb(sz), (lo, hi))), _gray_rgb(_stretch(_thumb(dz), (lo, hi)))])
         if hist is None:

@@ -163,7 +163,7 @@ def write_index(out_html: str, out_json: str, inputs) -> None:
                                                  "ncc", "accepted", "reason"]) + "</details>")
         parts.append("<details><summary>per channel</summary>"
                      + _table([{"channel": k, **v} for k, v in de["channels"].items()],
-                              ["channel", "flux_ratio", "sharpness_gain"])
+                              ["channel", "fit_ratio", "flux_ratio", "sharpness_gain"])
                      + _table([{"channel": k, **v} for k, v in ed["channels"].items()],
                               ["channel", "planes", "planes_kept", "tiles_left_out", "focus_at_stack_end",
                                "focus_index_median"])

@@ -1,9 +1,16 @@
 """Richardson-Lucy deconvolution on the NumPy/CuPy seam.
 
-The OTF is computed once per piece; FFT sizes are padded to fast lengths; edges are
-extended by mirroring so borders do not ring; float32 throughout; no rescaling to the
-dtype range (total flux is kept). A mosaic larger than device memory is processed in
-overlapping XY chunks whose halos are discarded.
+The OTF is computed once per piece; FFT sizes are padded to fast lengths; float32 throughout; no
+rescaling to the dtype range. A mosaic larger than device memory is processed in overlapping XY
+chunks whose halos are discarded; Y and X are extended by mirroring so borders do not ring.
+
+Z is not: a widefield stack records light from specimen above and below its planes (the PSF is as
+deep as the stack), and a mirrored stack makes that light a copy of the recorded planes. So the
+estimate extends by the PSF's half depth beyond the recorded planes, the data ratio counts only on
+recorded planes, and each plane's correction is normalised by how much of its light the recorded
+planes see (Bertero & Boccacci, A&A 437, 369 (2005), doi:10.1051/0004-6361:20052717). Light put
+beyond the recorded planes is not returned: the recorded planes' flux goes down by what came from
+outside them.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import numpy as np
 from .. import xp as xpmod
 
 EPS = 1e-12
+N_FLOOR = 0.05           # planes the recorded ones see less than this of: their update is damped, not blown up
 RL_BUFFERS = 6           # padded float32-sized arrays alive during an RL iteration (data, estimate,
                          # OTF, one real and one complex temporary, FFT scratch)
 MIN_CHUNK_PX = 64
@@ -51,33 +59,50 @@ def _layout(shape: tuple[int, ...], psf_shape: tuple[int, ...]) -> tuple[tuple[i
     fast = list(_fast_shape(need))
     pads = [(h, h + f - n) for h, f, n in zip(halo, fast, need)]
     pads = [(min(a, s - 1), b) if s > 1 else (0, a + b) for (a, b), s in zip(pads, shape)]
-    nz = shape[0]
-    if 1 < nz and halo[0] <= nz - 1:
-        fast[0], pads[0] = 2 * nz, (0, nz)
+    pads[0] = (halo[0], fast[0] - shape[0] - halo[0])            # Z: unobserved planes, not a mirror (below)
     return tuple(fast), pads
 
 
-def richardson_lucy(image, psf, iterations: int, workers: int | None = None):
-    """RL of a ZYX stack (host or device) with a ZYX PSF (sum 1); returns float32 on the same device."""
+def _z_normaliser(xp, psf, fast_z: int, nz: int, z0: int):
+    """How much of each plane's light the recorded planes see: N(z) = sum over the recorded planes z' of
+    the PSF's z-profile at z' - z (circular, as the FFTs are), shape (fast_z, 1, 1), at least N_FLOOR."""
+    kz = np.asarray(psf, np.float64).sum(axis=(1, 2))
+    placed = np.zeros(fast_z)
+    placed[:len(kz)] = kz
+    placed = np.roll(placed, -(len(kz) // 2))
+    mask = np.zeros(fast_z)
+    mask[z0:z0 + nz] = 1.0
+    n = np.fft.irfft(np.fft.rfft(mask) * np.conj(np.fft.rfft(placed)), n=fast_z)
+    return xp.asarray(np.maximum(n, N_FLOOR).astype(np.float32).reshape(fast_z, 1, 1))
+
+
+def richardson_lucy(image, psf, iterations: int, workers: int | None = None, reblurred: bool = False):
+    """RL of a ZYX stack (host or device) with a ZYX PSF (sum 1); returns float32 on the same device.
+    ``reblurred``: also return the result blurred again by the PSF on the recorded planes (estimate
+    beyond them included): what RL fits to the data, so its flux is the data's whatever left or came
+    through the stack's ends."""
     xp = xpmod.array_module(image)
     fft = xpmod.fft(xp)
     kw = xpmod.fft_workers(xp, workers)
     img = xp.asarray(image, dtype=xp.float32)
     if iterations <= 0:
-        return img.copy()
+        return (img.copy(), img.copy()) if reblurred else img.copy()
     if img.ndim != 3 or psf.ndim != 3:
         raise ValueError(f"richardson_lucy needs ZYX image and PSF, got {img.shape} and {psf.shape}")
     fast, pads = _layout(img.shape, psf.shape)
-    work = xp.pad(img, pads, mode="symmetric")
-    if work.shape != fast:  # a dimension of 1 cannot mirror: pad with edge values
-        work = xp.pad(work, [(0, f - s) for f, s in zip(fast, work.shape)], mode="edge")
+    work = xp.pad(img, [(0, 0)] + pads[1:], mode="symmetric")        # Y, X: mirrored (chunk halos: real data)
+    if work.shape[1:] != fast[1:]:  # a dimension of 1 cannot mirror: pad with edge values
+        work = xp.pad(work, [(0, 0)] + [(0, f - s) for f, s in zip(fast[1:], work.shape[1:])], mode="edge")
+    work = xp.pad(work, [pads[0], (0, 0), (0, 0)])                   # Z: planes nobody recorded, zero
     # RL's data are photon counts: a negative value (read noise around a subtracted offset) makes the
     # ratio data / blurred negative, the estimate changes sign and the iteration diverges to inf/NaN
     # within ~10 iterations (measured on a stack with 4 % negative pixels). A count below zero says
     # "no light": 0.
     xp.maximum(work, 0, out=work)
     otf = _otf(xp, psf, fast)
-    estimate = xp.full(fast, float(work.mean()), xp.float32)
+    normaliser = _z_normaliser(xp, psf, fast[0], img.shape[0], pads[0][0])
+    observed = work[pads[0][0]:pads[0][0] + img.shape[0]]
+    estimate = xp.full(fast, float(observed.mean()), xp.float32)
     floor = max(EPS, 1e-6 * float(xp.abs(work).mean()))  # float32 FFT round-off must not explode a ratio
     for _ in range(iterations):                          # in place where possible: memory is the limit
         spectrum = fft.rfftn(estimate, **kw)
@@ -91,10 +116,17 @@ def richardson_lucy(image, psf, iterations: int, workers: int | None = None):
         xp.conjugate(spectrum, out=spectrum)             # correlation with the PSF: conj(conj(F) * OTF),
         spectrum *= otf                                  # without keeping a conjugate OTF
         xp.conjugate(spectrum, out=spectrum)
-        estimate *= fft.irfftn(spectrum, s=fast, **kw)
+        correction = fft.irfftn(spectrum, s=fast, **kw)
         del spectrum
+        correction /= normaliser                         # an unrecorded plane's ratio is 0: its light is
+        estimate *= correction                           # judged by the recorded planes that see it only
+        del correction
     sl = tuple(slice(a, a + n) for (a, _), n in zip(pads, img.shape))
-    return estimate[sl].astype(xp.float32)
+    if not reblurred:
+        return estimate[sl].astype(xp.float32)
+    spectrum = fft.rfftn(estimate, **kw)
+    spectrum *= otf
+    return estimate[sl].astype(xp.float32), fft.irfftn(spectrum, s=fast, **kw)[sl].astype(xp.float32)
 
 
 def padded_shape(shape: tuple[int, int, int], psf_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -160,8 +192,10 @@ def deconvolve(stack, psf, iterations: int, chunk_px: int, halo_px: int | None =
     that reads only that region); ``out``: anything assignable the same way (default: a new host
     float32 array; an ``io.tiff.OmeStackWriter`` writes each chunk to disk as it is done).
     ``halo_px`` defaults to ``default_halo``; ``progress(done, total)`` is called per chunk;
-    ``flux``, if given, receives the float64 totals of input and result ({"in": .., "out": ..}),
-    summed over each chunk's own region as it passes (no second read of the stack).
+    ``flux``, if given, receives the float64 totals of input, result and the result blurred again
+    ({"in": .., "out": .., "explained": ..}), summed over each chunk's own region as it passes (no
+    second read of the stack). RL fits ``explained`` to ``in``; ``out`` differs from them by the light
+    that left or entered through the stack's first and last planes.
     """
     xp = xp or np
     if halo_px is None:
@@ -171,13 +205,14 @@ def deconvolve(stack, psf, iterations: int, chunk_px: int, halo_px: int | None =
         out = np.empty((z, h, w), np.float32)
     ys, xs = chunk_slices(h, chunk_px, halo_px), chunk_slices(w, chunk_px, halo_px)
     total, done = len(ys) * len(xs), 0
-    flux_in = flux_out = 0.0
+    flux_in = flux_out = explained = 0.0
     for ry, wy, ky in ys:
         for rx, wx, kx in xs:
             piece = xpmod.to_device(np.ascontiguousarray(stack[:, ry, rx], dtype=np.float32), xp)
-            res = richardson_lucy(piece, psf, iterations, workers)
+            res, again = richardson_lucy(piece, psf, iterations, workers, reblurred=True)
             flux_in += float(piece[:, ky, kx].sum(dtype=xp.float64))
-            del piece
+            explained += float(again[:, ky, kx].sum(dtype=xp.float64))
+            del piece, again
             core = xpmod.to_host(res[:, ky, kx])
             del res
             flux_out += float(core.sum(dtype=np.float64))
@@ -186,5 +221,5 @@ def deconvolve(stack, psf, iterations: int, chunk_px: int, halo_px: int | None =
             if progress:
                 progress(done, total)
     if flux is not None:
-        flux.update({"in": flux_in, "out": flux_out})
+        flux.update({"in": flux_in, "out": flux_out, "explained": explained})
     return out
