@@ -69,3 +69,21 @@ def test_plan_zero_slots_fails_naming_key(tmp_path, small_synth):
     res = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(cfg)],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "config key accounts" in res.stderr
+
+
+def test_plan_j_is_the_slurm_limits_not_the_gpus_free_now(tmp_path, small_synth, monkeypatch, capsys):
+    """A second data set planned while a first holds 4 of 5 GPUs: -j stays 5 (its extra jobs pend in SLURM
+    and start as GPUs free up); it had been -j 1 for the whole run."""
+    from plexgpu import cli
+    from plexgpu.cluster import slurm
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS}))
+    monkeypatch.setattr(slurm, "gpus_in_use", lambda: {a["name"]: a["gpu_slots"] for a in ACCOUNTS[:1]})
+    monkeypatch.setattr(slurm, "gpu_limit", lambda name, user=None: (None, ""))
+    monkeypatch.setattr(slurm, "user_accounts", lambda: None)
+    assert cli.main(["plan", "--configfile", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    total = sum(a["gpu_slots"] for a in ACCOUNTS)
+    assert out.strip().splitlines()[-1].endswith(f"-j {total}")
+    assert f"{ACCOUNTS[0]['gpu_slots']} of the {total} GPU slots are held now" in " ".join(out.split())

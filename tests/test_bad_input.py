@@ -283,3 +283,99 @@ def test_gpu_slots_auto_without_a_slurm_limit_is_one_line(monkeypatch, small_syn
         slurm.resolve_auto_slots(config)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("config key accounts[0].gpu_slots = auto") and "clive" in msg
+
+
+# ------------------------------------------------------------------ the edges (#32): no crash, hang or unreadable file
+def test_a_grid_far_larger_than_the_tiles_costs_what_the_files_cost(tmp_path):
+    """regionWidth/regionHeight 3000 for 4 tiles: one line, in bounded time and memory (the missing files
+    were listed one by one: 54 million names)."""
+    import time
+    import tracemalloc
+
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    (raw / "experiment.json").write_text(json.dumps({"regionWidth": 3000, "regionHeight": 3000, "tileOverlapX": 30}))
+    cfg = validate_config({"raw_dir": str(raw), "results_dir": str(tmp_path / "res"),
+                           "optics": {"pixel_size_um": 0.377, "z_step_um": 1.5}})
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(cfg)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    msg = _one_line(err)
+    assert time.perf_counter() - t0 < 5 and peak < 50 * 2**20, (time.perf_counter() - t0, peak)
+    assert "9000000 tiles but 4 tile numbers are present" in msg and "regionWidth" in msg
+
+
+def test_control_characters_in_a_marker_name_are_removed_and_said(tmp_path, caplog):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    (raw / "channelNames.txt").write_bytes(b"DAPI\nCD\x013\n")
+    exp = resolve_experiment(_config(raw))
+    assert exp.marker_names(1) == ["DAPI", "CD3"]
+    assert any("control characters" in r.getMessage() and "'CD3'" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("grid, key", [({"rows": 1, "cols": 1, "overlap": 0.3}, "grid.rows x grid.cols = 1x1"),
+                                       ({"rows": 2, "cols": 2, "overlap": 0.0}, "grid.overlap")])
+def test_a_grid_that_cannot_be_stitched_is_refused_naming_the_key(tmp_path, grid, key):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001", tiles=grid["rows"] * grid["cols"])
+    with pytest.raises((RawDataError, ConfigError)) as err:
+        resolve_experiment(_config(raw, grid=grid))
+    assert key in _one_line(err)
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_in_experiment_json_are_refused(tmp_path, value):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    (raw / "experiment.json").write_text(f'{{"xyResolution": {value}}}')
+    cfg = validate_config({"raw_dir": str(raw), "results_dir": str(tmp_path / "res"),
+                           "grid": {"rows": 2, "cols": 2, "overlap": 0.3}, "optics": {"z_step_um": 1.5}})
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(cfg)
+    assert f"xyResolution = {float(value)!r} is not a finite number" in _one_line(err)
+
+
+def test_the_printed_command_survives_spaces_and_shell_characters(tmp_path):
+    import shlex
+
+    from plexgpu.cli import snakemake_command
+
+    opts = ["--slurm-logdir", "/data/my results/$(rm -rf ~)/logs/slurm"]
+    line = snakemake_command(["/data/my config.yaml"], "registration", 5, opts)
+    assert shlex.split(line) == ["snakemake", "registration", "--configfile", "/data/my config.yaml", "--profile",
+                                 "profiles/slurm", *opts, "-j", "5"]
+
+
+def test_an_unreadable_config_file_is_one_line(tmp_path, monkeypatch):
+    from plexgpu.config import read_config_files
+
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(ConfigError) as err:
+        read_config_files([tmp_path / "folder.yaml"])
+    assert "is a folder" in _one_line(err)
+    path = tmp_path / "config.yaml"
+    path.write_text("raw_dir: x\n")
+    def denied(self, *a, **k):                             # what a file of another user gives (CI runs as root)
+        raise PermissionError(13, "Permission denied", str(self))
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(ConfigError) as err:
+        read_config_files([path])
+    assert _one_line(err) == f"config file {path} cannot be read: Permission denied"
+
+
+def test_a_symlink_loop_in_raw_dir_is_one_line(tmp_path):
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    (raw / "cyc002_reg001").symlink_to(raw / "cyc002_reg001")     # a folder that points at itself
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw, cycles=[1]))
+    assert "cyc002_reg001" in _one_line(err)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(loop))
+    assert "raw_dir" in _one_line(err)

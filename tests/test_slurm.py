@@ -144,7 +144,7 @@ def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, 
         assert "gpu_slots 4 but SLURM lets you hold 3" in out
         assert "auto → 1" in out
         assert "resources.deconvolve.mem_mb = 64000 but the largest node of partition hpg-b200 has 16000 MB" in out
-        assert plan.stdout.strip().splitlines()[-1].endswith("-j 4")            # min(4, 3) + 1 free, none in use
+        assert plan.stdout.strip().splitlines()[-1].endswith("-j 4")            # min(4, 3) + 1: the limits, not what is free
     finally:
         sh("modify", "user", "where", "name=root", "account=maigan", "set", f"qos-={qos}")
         sh("delete", "qos", qos)

@@ -99,8 +99,10 @@ def snakemake_command(configfiles: list[str], target: str, jobs: int, options: l
     """The exact command line: targets first (--configfile takes several values), the run's options
     (its job-name prefix and SLURM log folder: status / cancel / rerun act on this data set only),
     -j = free GPU slots."""
-    return (f"snakemake {target} --configfile {' '.join(configfiles)} --profile {profile} "
-            f"{' '.join(options)} -j {jobs}")
+    import shlex
+
+    return (f"snakemake {shlex.quote(target)} --configfile {' '.join(shlex.quote(c) for c in configfiles)} "
+            f"--profile {shlex.quote(str(profile))} {' '.join(shlex.quote(str(o)) for o in options)} -j {jobs}")
 
 
 def _minutes(text: str) -> tuple[float, ...]:
@@ -173,7 +175,7 @@ def cmd_plan(args) -> int:
     for col in ("account", "gpu_slots", "SLURM limit", "in use", "free", "cycles"):
         slots.add_column(col)
     in_use = gpus_in_use()
-    free_total, warnings = 0, []
+    free_total, cap_total, warnings = 0, 0, []
     for a in accounts:
         n = sum(1 for s in assignment.values() if s.account == a["name"])
         limit, source = gpu_limit(a["name"])
@@ -181,6 +183,7 @@ def cmd_plan(args) -> int:
         cap = a["gpu_slots"] if limit is None else min(a["gpu_slots"], limit)
         free = max(cap - used, 0)
         free_total += free
+        cap_total += cap
         if limit is not None and a["gpu_slots"] > limit:
             warnings.append(f"account {a['name']}: gpu_slots {a['gpu_slots']} but SLURM lets you hold {limit} "
                             f"({source}): jobs beyond it pend (AssocGrpGRES/QOSGrpGRES); set gpu_slots: auto or {limit}")
@@ -199,11 +202,13 @@ def cmd_plan(args) -> int:
     waves = -(-len(assignment) // total)
     console.print(f"{len(assignment)} cycles on {total} GPU slots: {waves} wave(s); overflow cycles wait in "
                   "SLURM for a GPU of their account (no CPU fallback).")
-    jobs = free_total
-    if free_total == 0:
-        jobs = total
-        console.print("[yellow]no GPU slot is free now (your running jobs hold them): the run's jobs will queue; "
-                      f"-j {total} (the configured slots)[/]")
+    # -j: every slot the accounts may hold (SLURM's limits), not what is free this minute: jobs beyond
+    # what is free pend in SLURM and start as GPUs free up (a second data set planned while a first
+    # runs would otherwise keep -j 1 for its whole run)
+    jobs = cap_total
+    if free_total < cap_total:
+        console.print(f"{cap_total - free_total} of the {cap_total} GPU slots are held now by your running jobs: "
+                      f"this run's extra jobs pend in SLURM until they free up (-j {cap_total})")
     if config["compute"]["device"] != "gpu":
         console.print("[yellow]compute.device = cpu: jobs hold GPUs but compute on the CPU (testing only)[/]")
     from .config import REPO_ROOT

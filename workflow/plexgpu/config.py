@@ -36,10 +36,14 @@ def read_config_files(paths: Iterable[str | Path]) -> dict:
     merged: dict = {}
     for path in paths:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a folder, not a YAML file")
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
             data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:                       # unreadable by this user, a folder, ...
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
         if not isinstance(data, dict):

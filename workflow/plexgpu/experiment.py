@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .image.edf import MIN_PLANES
-from .io.metadata import read_experiment_json, read_marker_file
+from .io.metadata import clean_marker_name, read_experiment_json, read_marker_file
 from .io.raw import (CycleInventory, RawDataError, check_headers, cycle_key, grid_layout,
                      inventory_cycle, select_cycle_dirs)
 
@@ -55,7 +55,10 @@ class Experiment:
 
 
 def _check_results_outside_raw(raw_dir: Path, results_dir: Path) -> None:
-    raw, res = raw_dir.resolve(), results_dir.resolve()
+    try:
+        raw, res = raw_dir.resolve(), results_dir.resolve()
+    except (RuntimeError, OSError) as exc:                # a symlink loop
+        raise RawDataError(f"config key raw_dir / results_dir: {exc}") from None
     if res == raw or raw in res.parents:
         raise RawDataError(f"config key results_dir = {results_dir} is inside raw_dir {raw_dir}: results are never "
                            "written into the raw data; choose a folder beside it")
@@ -83,6 +86,8 @@ def _resolve_markers(config: dict, meta: dict, raw_dir: Path, cycles: list[int],
                      channels: list[int]) -> dict[tuple[int, int], str]:
     names = config.get("markers")
     source = "markers"
+    if names is not None:
+        names = [clean_marker_name(str(n), "config key markers") for n in names]
     if names is None and config.get("markers_file"):
         names, source = read_marker_file(config["markers_file"]), "markers_file"
     if names is None and (raw_dir / "channelNames.txt").is_file():
@@ -120,6 +125,10 @@ def resolve_experiment(config: dict, read_headers: bool = False, workers: int = 
     grid, optics = config["grid"], config["optics"]
     rows = _pick(grid.get("rows"), meta, "rows", "grid.rows")
     cols = _pick(grid.get("cols"), meta, "cols", "grid.cols")
+    if rows * cols < 2:
+        raise RawDataError(f"config key grid.rows x grid.cols = {rows}x{cols}: one tile per cycle; the stitch stage "
+                           "needs at least 2 tiles (it fits the flatfield over the tiles and places them by their "
+                           "overlaps)")
     overlap = _pick(grid.get("overlap"), meta, "overlap", "grid.overlap")
     inventories, channels, z_planes = _inventories(config, meta, dirs, rows * cols)
     exp = Experiment(

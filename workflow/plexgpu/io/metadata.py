@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .raw import RawDataError
@@ -62,8 +63,10 @@ def read_experiment_json(raw_dir: str | Path) -> dict:
                 raise RawDataError(f"{path}: {key} = {exp[key]!r} is not a number")
             try:
                 out[name] = convert(exp[key])
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise RawDataError(f"{path}: {key} = {exp[key]!r} is not a number") from None
+            if not math.isfinite(out[name]):             # json reads NaN and Infinity; no limit catches them
+                raise RawDataError(f"{path}: {key} = {exp[key]!r} is not a finite number")
             try:                                      # the limits of the config key it fills
                 jsonschema.validate(out[name], _schema_rule(config_key))
             except jsonschema.ValidationError as err:
@@ -73,8 +76,23 @@ def read_experiment_json(raw_dir: str | Path) -> dict:
     if isinstance(names, dict):
         names = names.get("channelNamesArray")
     if isinstance(names, list) and names:
-        out["markers"] = [str(n) for n in names]
+        out["markers"] = [clean_marker_name(str(n), path) for n in names]
     return out
+
+
+def clean_marker_name(name: str, source) -> str:
+    """A marker name without control characters (they make the OME-XML of every file that carries the
+    name unreadable): removed, and the log says so."""
+    import logging
+    import unicodedata
+
+    cleaned = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C").strip()
+    if cleaned != name:
+        logging.getLogger("plexgpu").warning("%s: marker name %r holds control characters: used as %r", source, name,
+                                             cleaned)
+    if not cleaned:
+        raise RawDataError(f"{source}: marker name {name!r} is nothing but control characters")
+    return cleaned
 
 
 def read_marker_file(path: str | Path) -> list[str]:
@@ -86,4 +104,4 @@ def read_marker_file(path: str | Path) -> list[str]:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise RawDataError(f"{path}: not UTF-8 text (byte {exc.start}); save the marker names as UTF-8") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return [clean_marker_name(line.strip(), path) for line in text.split("\n") if line.strip()]

@@ -41,12 +41,20 @@ def find_cycle_dirs(raw_dir: str | Path, region: int = 1) -> dict[int, Path]:
     if not raw_dir.is_dir():
         raise RawDataError(f"raw_dir {raw_dir} is not a folder")
     found: dict[int, list[Path]] = {}
-    for entry in sorted(os.scandir(raw_dir), key=lambda e: e.name):
-        if not entry.is_dir():
-            continue
+    try:
+        entries = sorted(os.scandir(raw_dir), key=lambda e: e.name)
+    except OSError as exc:
+        raise RawDataError(f"raw_dir {raw_dir} cannot be listed: {exc.strerror}") from None
+    for entry in entries:
         m = CYCLE_DIR_RE.match(entry.name)
         if not m:
             continue
+        try:
+            if not entry.is_dir():
+                continue
+        except OSError as exc:                         # a symlink loop, a folder this user may not enter
+            raise RawDataError(f"{entry.path}: {exc.strerror} (a cycle folder plexgpu cannot open; remove or fix "
+                               "it, or move it out of raw_dir)") from None
         if m["region"] is not None and int(m["region"]) != region:
             continue
         found.setdefault(int(m["cycle"]), []).append(Path(entry.path))
@@ -133,7 +141,11 @@ class CycleInventory:
 def scan_tile_names(folder: Path, region: int) -> dict[tuple[int, int, int], str]:
     """(tile, z, channel) -> file name for every tile file of ``region`` in ``folder``."""
     names = {}
-    for entry in os.scandir(folder):
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as exc:
+        raise RawDataError(f"{folder}: cannot be listed: {exc.strerror}") from None
+    for entry in entries:
         m = TILE_RE.match(entry.name)
         if m and int(m["region"]) == region:
             names[(int(m["tile"]), int(m["z"]), int(m["channel"]))] = entry.name
@@ -176,12 +188,20 @@ def inventory_cycle(cycle: int, folder: Path, region: int, n_tiles: int,
         if new:
             raise RawDataError(f"{folder}: channel(s) {', '.join(f'CH{c}' for c in new)} not in the first cycle "
                                f"({', '.join(f'CH{c}' for c in known_channels)}); set config key channels")
-    missing = [tile_filename(region, t, z, c)
-               for t in range(1, n_tiles + 1) for z in range(1, nz + 1) for c in chans
-               if (t, z, c) not in names]
-    if missing:
-        shown = ", ".join(missing[:SHOW_FIRST])
-        raise RawDataError(f"{folder}: {len(missing)} tile file(s) missing, first: {shown}")
+    # counted, not listed: a grid far larger than the tiles present (regionWidth 100000) must cost
+    # what the files present cost, not rows x cols x z x channels names
+    present = sum(1 for (t, z, c) in names if 1 <= t <= n_tiles and 1 <= z <= nz and c in chans)
+    expected = n_tiles * nz * len(chans)
+    if present < expected:
+        import itertools
+
+        first = itertools.islice((tile_filename(region, t, z, c) for t in range(1, n_tiles + 1)
+                                  for z in range(1, nz + 1) for c in chans if (t, z, c) not in names), SHOW_FIRST)
+        shown = ", ".join(first)
+        hint = (f"; the grid rows x cols holds {n_tiles} tiles but {len(seen_tiles)} tile numbers are present: "
+                "check grid.rows / grid.cols (or experiment.json regionWidth / regionHeight)"
+                if n_tiles > 2 * len(seen_tiles) else "")
+        raise RawDataError(f"{folder}: {expected - present} tile file(s) missing, first: {shown}{hint}")
     return CycleInventory(cycle, folder, n_tiles, nz, tuple(chans))
 
 
