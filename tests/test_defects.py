@@ -62,8 +62,8 @@ def test_a_dark_frame_names_its_hot_pixels():
     assert list(zip(d.y.tolist(), d.x.tolist())) == [(10, 20)] and d.kind == ["dark frame"]
 
 
-def _stitch(tmp_path, **spec):
-    ds = SynthDataset(SynthSpec(**{**REGIME, **spec}))
+def _run_stitch(tmp_path, ds):
+    """The stitch stage on a written synthetic data set, its outputs where the registry puts them."""
     raw = ds.write(tmp_path / "raw")
     config = validate_config({"raw_dir": str(raw), "results_dir": str(tmp_path / "res"), "compute": {"device": "cpu"}})
     cs = cycle_spec(resolve_experiment(config), 1)
@@ -72,6 +72,11 @@ def _stitch(tmp_path, **spec):
     (tmp_path / "res" / "basic" / cs.key).mkdir(parents=True)
     with job_context("stitch", str(tmp_path / "stitch.log"), {"cpus_per_task": 2}, "cpu") as ctx:
         result = stages.stitch(ctx, cs, config["basic"], config["stitch"], out)
+    return raw, cs, out, result
+
+
+def _stitch(tmp_path, **spec):
+    raw, cs, out, result = _run_stitch(tmp_path, SynthDataset(SynthSpec(**{**REGIME, **spec})))
     with open(out["positions"]) as fh:
         pos = np.array([[float(r["y_px"]), float(r["x_px"])] for r in csv.DictReader(fh)])
     err = pos - np.array(json.loads((raw / "truth" / "truth.json").read_text())["positions"][0])
@@ -110,14 +115,7 @@ def test_one_camera_offset_per_channel_for_all_its_planes(tmp_path):
     ds = SynthDataset(SynthSpec(cycles=1, rows=5, cols=6, tile=(128, 160), overlap=0.2, z_planes=5, channels=2,
                                 jitter_px=2.0, vignetting=0.45, nuclei_density=3.0, tissue_fraction=1.0,
                                 dark_offset=110.0, seed=1))
-    raw = ds.write(tmp_path / "raw")
-    config = validate_config({"raw_dir": str(raw), "results_dir": str(tmp_path / "res"), "compute": {"device": "cpu"}})
-    cs = cycle_spec(resolve_experiment(config), 1)
-    out = paths.outputs("stitch", tmp_path / "res", list(cs.channels), cs.key)
-    (tmp_path / "res" / "stitched" / cs.key).mkdir(parents=True)
-    (tmp_path / "res" / "basic" / cs.key).mkdir(parents=True)
-    with job_context("stitch", str(tmp_path / "stitch.log"), {"cpus_per_task": 2}, "cpu") as ctx:
-        stages.stitch(ctx, cs, config["basic"], config["stitch"], out)
+    _, cs, out, _ = _run_stitch(tmp_path, ds)
     record = PlanesRecord.read(out["planes"])
     for ch in cs.channels:
         per_plane = {record.shading[f"{ch}/{z}"]["offset_mean"] for z in range(1, cs.z_planes + 1)}

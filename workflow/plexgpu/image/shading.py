@@ -245,15 +245,9 @@ def estimate_offset(envelope: np.ndarray, flat: np.ndarray) -> Offset:
     """Camera offset under the low envelope (``basic.estimate_darkfield``: what the dimmest tiles
     show): envelope = offset (affine) + m * flatfield + rest, fitted as the SUPPORT_QUANTILE lower
     support on GRID x GRID block means; m >= 0."""
-    envelope = ndimage.gaussian_filter(np.asarray(envelope, np.float64), ENVELOPE_SIGMA, mode="nearest")
+    L, F, yy, xx = _envelope_blocks(envelope, flat)
     h, w = envelope.shape
-    fy, fx = max(1, h // GRID), max(1, w // GRID)
-    gy, gx = h // fy, w // fx
-    def blocks(a):
-        return a[:gy * fy, :gx * fx].reshape(gy, fy, gx, fx).mean(axis=(1, 3))
-    L, F = blocks(envelope.astype(np.float64)), blocks(flat.astype(np.float64))
-    yy, xx = np.mgrid[0:gy, 0:gx] / np.array([max(gy - 1, 1), max(gx - 1, 1)])[:, None, None]
-    A = np.stack([np.ones(L.size), yy.ravel(), xx.ravel(), F.ravel()], 1)
+    A = np.stack([np.ones(L.size), yy, xx, F.ravel()], 1)
     c = _quantile_fit(A, L.ravel(), SUPPORT_QUANTILE)
     if c[3] < 0:                                   # light cannot be negative: no floor
         c = np.append(_quantile_fit(A[:, :3], L.ravel(), SUPPORT_QUANTILE), 0.0)
