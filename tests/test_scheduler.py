@@ -36,15 +36,15 @@ class Rule:
 
 
 class Job:
-    def __init__(self, rule, cycle="", account=None, slots=None, gpu=1, **res):
+    def __init__(self, rule, cycle="", account=None, gpu=1, **res):
         self.rule = Rule(rule)
         self.wildcards = {"cycle": cycle} if cycle else {}
         self.priority = 0
         self._res = {"_cores": 1, "_nodes": 1, "_job_count": 1, **res}
         if gpu_stage_rank(rule):                       # what rules/common.smk's rule_resources declares
             self._res["gpu_stage"] = gpu_stage_rank(rule)
-        if account:
-            self._res.update(slurm_account=account, account_gpu_slots=slots, gpu=gpu)
+        if account:                                     # its account and that account's slot token
+            self._res.update(slurm_account=account, gpu=gpu, **{plugin.slot_token(account): 1})
         self.input = []
 
     @property
@@ -75,25 +75,52 @@ def _scheduler(jobs, finished=()):
     return s
 
 
-BIG = {"_cores": 100, "_nodes": 100, "_job_count": 100}
+BIG = {"_cores": 100, "_nodes": 100, "_job_count": 100, "gpu_clive": 3, "gpu_maigan": 2}
+
+
+class Group:
+    """A group job as Snakemake's core hands it over: its single jobs, and resources the core
+    computed for it (sequential layers: the maximum of each, so one slot token)."""
+    def __init__(self, jobs):
+        self._jobs = jobs
+        self.priority = 0
+        self.scheduler_resources = {k: max(j.scheduler_resources.get(k, 0) for j in jobs)
+                                    for j in jobs for k in j.scheduler_resources}
+
+    def jobs(self):
+        return list(self._jobs)
 
 
 def test_account_never_exceeds_its_slots():
-    jobs = [Job("stitch", f"cyc{c:03d}", "clive", 3) for c in range(1, 6)] + \
-           [Job("stitch", f"cyc{c:03d}", "maigan", 2) for c in range(6, 10)]
+    jobs = [Job("stitch", f"cyc{c:03d}", "clive") for c in range(1, 6)] + \
+           [Job("stitch", f"cyc{c:03d}", "maigan") for c in range(6, 10)]
     s = _scheduler(jobs)
     chosen = s.select_jobs(jobs, jobs, BIG, defaultdict(int))
     assert [j.scheduler_resources["slurm_account"] for j in chosen].count("clive") == 3
     assert [j.scheduler_resources["slurm_account"] for j in chosen].count("maigan") == 2
-    # two clive jobs are running (submitted, not finished): one more clive job may start
-    running = jobs[:2]
+    # two clive jobs are running: the core holds their slot tokens, one clive slot is free
     remaining = jobs[2:]
-    chosen = s.select_jobs(remaining, remaining, BIG, defaultdict(int))
+    chosen = s.select_jobs(remaining, remaining, dict(BIG, gpu_clive=1), defaultdict(int))
     assert sum(j.scheduler_resources["slurm_account"] == "clive" for j in chosen) == 1
-    # ... and once they finish, three again
-    s2 = _scheduler(jobs, finished=running)
-    chosen = s2.select_jobs(remaining, remaining, BIG, defaultdict(int))
+    # ... and once they finish (or fail: the core frees a failed job's tokens too), three again
+    chosen = s.select_jobs(remaining, remaining, BIG, defaultdict(int))
     assert sum(j.scheduler_resources["slurm_account"] == "clive" for j in chosen) == 3
+
+
+def test_a_cycle_group_takes_one_slot_of_its_account():
+    """A cycle's stitch, deconvolve and edf in one group job hold one GPU slot, not three: with
+    clive's 3 slots, three cycles' groups start at once."""
+    groups = [Group([Job(r, f"cyc{c:03d}", "clive") for r in ("stitch", "deconvolve", "edf")])
+              for c in range(1, 6)]
+    singles = [j for g in groups for j in g.jobs()]
+    chosen = _scheduler(singles).select_jobs(groups, singles, BIG, defaultdict(int))
+    assert chosen == groups[:3]                                   # earliest cycles first
+
+
+def test_an_account_without_a_slot_resource_is_refused():
+    job = Job("stitch", "cyc001", "nobody")
+    with pytest.raises(plugin.GpuOnlySchedulingError, match="account nobody, which has no slot resource gpu_nobody"):
+        _scheduler([job]).select_jobs([job], [job], BIG, defaultdict(int))
 
 
 @pytest.mark.parametrize("limit", [{"_cores": 2}, {"_nodes": 2}, {"_job_count": 2}, {"tokens": 2}])
@@ -106,9 +133,9 @@ def test_every_given_resource_respected(limit):
 
 
 def test_gpu_work_before_qc_and_started_cycles_first():
-    stitch1 = Job("stitch", "cyc001", "clive", 3)
-    decon1 = Job("deconvolve", "cyc001", "clive", 3)
-    stitch2 = Job("stitch", "cyc002", "clive", 3)
+    stitch1 = Job("stitch", "cyc001", "clive")
+    decon1 = Job("deconvolve", "cyc001", "clive")
+    stitch2 = Job("stitch", "cyc002", "clive")
     qc = Job("qc_stitch", "cyc001")
     s = _scheduler([stitch1, decon1, stitch2, qc], finished=[stitch1])
     # one free core: the GPU job of the started cycle wins over QC and over a new cycle
@@ -119,13 +146,13 @@ def test_gpu_work_before_qc_and_started_cycles_first():
 
 
 def test_gpu_stage_without_gpu_refused():
-    bad = Job("edf", "cyc003", "clive", 3, gpu=0)
+    bad = Job("edf", "cyc003", "clive", gpu=0)
     with pytest.raises(plugin.GpuOnlySchedulingError, match="edf cyc003 is a GPU stage but asks for no GPU"):
         _scheduler([bad]).select_jobs([bad], [bad], BIG, defaultdict(int))
 
 
 def test_harmless_for_a_single_remote_job():
-    job = Job("stitch", "cyc001", "clive", 3)
+    job = Job("stitch", "cyc001", "clive")
     assert _scheduler([job]).select_jobs([job], [job], BIG, defaultdict(int)) == [job]
 
 

@@ -1,15 +1,17 @@
 """Snakemake scheduler plugin ``gpu-only`` (``snakemake --scheduler gpu-only``) for plexgpu.
 
-* Each GPU account runs at most its ``gpu_slots`` GPU jobs at once. Rules tell the
-  plugin their account (``slurm_account``) and its slots (``account_gpu_slots``), so a
-  plain ``snakemake registration --configfile config.yaml --profile profiles/slurm``
-  needs no hand-written ``--resources``.
-* Every resource the core hands over (``_cores``, ``_nodes``, ``_job_count``, custom
-  ones) is respected: the core subtracts what the selection uses without re-checking.
+* Each GPU account runs at most its ``gpu_slots`` GPU jobs at once. A rule says its account
+  (``slurm_account``) and holds that account's slot token (``gpu_<account>`` = 1, see
+  :func:`slot_token`); plexgpu's Snakefile makes each token a global resource of the account's
+  ``gpu_slots``, so a plain ``snakemake registration --configfile config.yaml --profile profiles/slurm``
+  needs no hand-written ``--resources``. Snakemake's core counts the tokens: it frees them when a
+  job finishes or fails and counts a group job (a cycle's stages in one allocation) once.
+* Every resource the core hands over (``_cores``, ``_nodes``, ``_job_count``, the slot tokens,
+  custom ones) is respected: the core subtracts what the selection uses without re-checking.
 * GPU work goes before QC; among GPU work, started cycles go before new ones, the
   earliest cycle first, the downstream stage first (finish what was started).
-* A GPU-stage job that asks for no GPU is refused with a clear error: there is no CPU
-  fallback.
+* A GPU-stage job that asks for no GPU, or whose account has no slot resource, is refused with a
+  clear error: there is no CPU fallback, and no account runs uncapped.
 * Inside remote jobs (started with ``--scheduler gpu-only`` too, one job each) it has
   nothing to decide and does the same checks harmlessly.
 """
@@ -27,7 +29,11 @@ from snakemake_interface_scheduler_plugins.settings import SchedulerSettingsBase
 #: registry, downstream highest (plexgpu's rules/common.smk sets it from paths.PIPELINE)
 STAGE = "gpu_stage"
 ACCOUNT = "slurm_account"
-SLOTS = "account_gpu_slots"
+
+
+def slot_token(account: str) -> str:
+    """The resource that counts one account's GPU slots: ``gpu_<account>``, non-alphanumerics as ``_``."""
+    return "gpu_" + "".join(c if c.isalnum() else "_" for c in account)
 
 
 class GpuOnlySchedulingError(RuntimeError):
@@ -69,13 +75,10 @@ def is_gpu_stage(job) -> bool:
     return any(_stage_rank(j) > 0 for j in _single_jobs(job)) or _stage_rank(job) > 0
 
 
-def gpu_account(job) -> tuple[str, int] | None:
-    """(account, its gpu_slots) of a GPU job scheduled per account, else None."""
-    res = job.scheduler_resources
-    account = res.get(ACCOUNT)
-    if not account or res.get(SLOTS) is None:
-        return None
-    return str(account), int(res.get(SLOTS))
+def gpu_account(job) -> str | None:
+    """The account a GPU job is scheduled on, else None."""
+    account = job.scheduler_resources.get(ACCOUNT)
+    return str(account) if account else None
 
 
 def check_gpu_request(job) -> None:
@@ -88,6 +91,16 @@ def check_gpu_request(job) -> None:
             f"{res.get('gpu', 0)}); plexgpu has no CPU fallback: restore `gpu=1` in its rule")
 
 
+def check_slot_resource(job, available: Mapping[str, Union[int, str]]) -> None:
+    """A GPU job's account must be capped: its slot token must be a resource Snakemake counts."""
+    account = gpu_account(job)
+    if account and is_gpu_stage(job) and slot_token(account) not in available:
+        names = ", ".join(f"{_rule(j)} {_cycle(j)}".strip() for j in _single_jobs(job))
+        raise GpuOnlySchedulingError(
+            f"gpu-only scheduler: {names} runs on account {account}, which has no slot resource "
+            f"{slot_token(account)}: give it with --resources {slot_token(account)}=<its gpu_slots>")
+
+
 class Scheduler(SchedulerBase):
     def __post_init__(self) -> None:
         self.cycle_order: dict[str, int] = {}
@@ -96,17 +109,10 @@ class Scheduler(SchedulerBase):
         cycles = sorted({_cycle(j) for j in self.dag.needrun_jobs()} - {""})
         self.cycle_order = {c: i for i, c in enumerate(cycles)}
 
-    def _running_and_started(self, remaining_jobs) -> tuple[list, set]:
-        """Jobs running now (submitted, not finished) and the cycles that have begun."""
+    def _started(self, remaining_jobs) -> set:
+        """The cycles that have begun: a job of theirs was submitted (it is no longer remaining)."""
         remaining = set(map(id, remaining_jobs))
-        running, started = [], set()
-        for j in self.dag.needrun_jobs():
-            if id(j) in remaining:
-                continue
-            if not self.dag.finished(j):
-                running.append(j)
-            started.add(_cycle(j))
-        return running, started
+        return {_cycle(j) for j in self.dag.needrun_jobs() if id(j) not in remaining}
 
     def _preference(self, job, started: set) -> tuple:
         singles = _single_jobs(job)
@@ -128,25 +134,16 @@ class Scheduler(SchedulerBase):
     ) -> Optional[Sequence[JobSchedulerInterface]]:
         for job in selectable_jobs:
             check_gpu_request(job)
+            check_slot_resource(job, available_resources)
         free = {k: v for k, v in available_resources.items() if isinstance(v, int)}
-        in_use: dict[str, int] = {}
-        running, started = self._running_and_started(remaining_jobs)
-        for job in running:
-            acct = gpu_account(job)
-            if acct:
-                in_use[acct[0]] = in_use.get(acct[0], 0) + 1
+        started = self._started(remaining_jobs)
         selected = []
         for job in sorted(selectable_jobs, key=lambda j: self._preference(j, started)):
             res = job.scheduler_resources
             need = {k: res.get(k, 0) for k in free}
             if any(not isinstance(v, int) or v > free[k] for k, v in need.items()):
-                continue
-            acct = gpu_account(job)
-            if acct and in_use.get(acct[0], 0) >= acct[1]:
-                continue  # this account's GPUs are all busy: the job waits for one (no CPU fallback)
+                continue  # e.g. this account's GPU slots are all busy: the job waits for one (no CPU fallback)
             for k, v in need.items():
                 free[k] -= v
-            if acct:
-                in_use[acct[0]] = in_use.get(acct[0], 0) + 1
             selected.append(job)
         return selected
