@@ -16,10 +16,12 @@ from plexgpu.cluster.assignment import (
 )
 from plexgpu import paths
 from plexgpu.config import ConfigError, validate_config
-from plexgpu.experiment import cycle_spec, resolve_experiment
+from plexgpu.experiment import cycle_spec
+from plexgpu.manifest import resolve_run, write_manifest
 from plexgpu.image.basic import DarkfieldSetting
 from plexgpu.io.raw import RawDataError
-from plexgpu.cluster.slurm import resolve_auto_slots, user_accounts
+from plexgpu.cluster.slurm import CYCLE_GROUP, user_accounts
+from snakemake_scheduler_plugin_gpu_only import slot_token
 
 if not config:
     raise WorkflowError(
@@ -27,9 +29,9 @@ if not config:
     )
 try:
     validate_config(config)  # snakemake.utils.validate against config/schema/config.schema.yaml
-    # gpu_slots: auto from sacctmgr (each job's parse too, until a run manifest carries it)
-    resolve_auto_slots(config)
-    EXPERIMENT = resolve_experiment(config)
+    # the raw data and gpu_slots: auto (sacctmgr) resolved by the coordinator; a SLURM job's parse
+    # reads them from the run manifest the coordinator wrote at the start (onstart, Snakefile)
+    EXPERIMENT, RUN_KEY = resolve_run(config, coordinator=workflow.is_main_process)
 except (ConfigError, RawDataError) as exc:
     raise WorkflowError(f"plexgpu: {exc}")
 
@@ -108,17 +110,21 @@ QC_INDEX = f"{R}/{paths.QC_INDEX}"
 ACCOUNTING = f"{R}/{paths.ACCOUNTING}"  # one record per GPU job, written by the job itself
 
 
-def _token(account):
-    return "gpu_" + "".join(c if c.isalnum() else "_" for c in account)
+# Each account's GPU slots are a global resource `gpu_<account>` = its gpu_slots (unless the user
+# gave one with --resources): Snakemake's own scheduler loop counts them, frees them when a job ends
+# or fails, and counts a cycle's group job once, for the gpu-only scheduler and the built-in ones.
+for _a in ACCOUNTS:
+    if slot_token(_a["name"]) not in workflow.global_resources:
+        workflow.register_resource(slot_token(_a["name"]), int(_a["gpu_slots"]))
 
 
 def rule_resources(rule_name):
     """Every rule's resources, from one place: cpus_per_task, mem_mb and runtime from config key
     resources.<rule_name> ("qc" for the QC rules); for a GPU stage of the registry (paths.PIPELINE) its
     ``gpu_stage`` rank (how the gpu-only scheduler knows GPU work and its order) and, with accounts
-    configured, one GPU (`gpu=1`), the assigned account and partition, the account's slot count and
-    per-account slot tokens `gpu_<account>` (0/1: `--resources gpu_<account>=N` caps an account with
-    Snakemake's built-in schedulers). Independent of the attempt."""
+    configured, one GPU (`gpu=1`), the assigned account and partition and per-account slot tokens
+    `gpu_<account>` (1 for its account, 0 for the others; the account's gpu_slots are the global
+    resource of that name). Independent of the attempt."""
     out = {k: res(rule_name, k) for k in ("cpus_per_task", "mem_mb", "runtime")}
     rank = paths.gpu_stage_rank(rule_name)
     if not rank:
@@ -132,8 +138,7 @@ def rule_resources(rule_name):
         gpu=1,
         slurm_account=lambda wc: slot(wc).account,
         slurm_partition=lambda wc: slot(wc).partition or "",
-        account_gpu_slots=lambda wc: slot(wc).gpu_slots,
     )
     for a in ACCOUNTS:
-        out[_token(a["name"])] = lambda wc, name=a["name"]: int(slot(wc).account == name)
+        out[slot_token(a["name"])] = lambda wc, name=a["name"]: int(slot(wc).account == name)
     return out

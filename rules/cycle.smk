@@ -1,5 +1,8 @@
-# Per cycle, one GPU job each: stitch -> deconvolve -> edf. Outputs are the stage registry's
-# (paths.PIPELINE); each script hands snakemake.input/output straight to its stage function.
+# Per cycle: stitch -> deconvolve -> edf. Outputs are the stage registry's (paths.PIPELINE); each
+# script hands snakemake.input/output straight to its stage function. On SLURM the three are one job
+# group per cycle (CYCLE_GROUP): one allocation, one GPU, the stages one after another on it, no queue
+# wait and no second start-up between them; each stage still writes its own outputs and log, so a
+# scancel mid-deconvolve reruns deconvolve and edf only. Run locally, Snakemake ignores groups.
 
 
 rule stitch:
@@ -10,6 +13,8 @@ rule stitch:
         **stage_outputs("stitch"),
     log:
         f"{R}/logs/stitch/{{cycle}}.log",
+    group:
+        CYCLE_GROUP
     conda:
         "../envs/plexgpu.yaml"
     threads: res("stitch", "cpus_per_task")
@@ -33,6 +38,8 @@ rule deconvolve:
         **stage_outputs("deconvolve"),
     log:
         f"{R}/logs/deconvolve/{{cycle}}.log",
+    group:
+        CYCLE_GROUP
     conda:
         "../envs/plexgpu.yaml"
     threads: res("deconvolve", "cpus_per_task")
@@ -57,6 +64,8 @@ rule edf:
         **stage_outputs("edf"),
     log:
         f"{R}/logs/edf/{{cycle}}.log",
+    group:
+        CYCLE_GROUP
     conda:
         "../envs/plexgpu.yaml"
     threads: res("edf", "cpus_per_task")

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import REPO
 from plexgpu.cluster.rerun import profile_run, run_options
-from plexgpu.cluster.slurm import parse_comment, sacct_jobs
+from plexgpu.cluster.slurm import job_stages, parse_comment, sacct_jobs
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
             {"name": "maigan", "gpu_slots": 2, "partition": "hpg-b200"}]
@@ -74,6 +74,12 @@ def records(prefix: str) -> list[dict]:
     for r in recs:
         r["rule"], r["cycle"] = parse_comment(r["Comment"])
     return recs
+
+
+def stage_records(prefix: str) -> list[dict]:
+    """``records`` with one entry per stage a job ran (a cycle's group job gives one per stage, each
+    with the job's sacct row), ``rule`` being that stage."""
+    return [dict(r, rule=stage, cycle=cycle) for r in records(prefix) for stage, cycle in job_stages(r["Comment"])]
 
 
 def ts(s: str) -> float:

@@ -91,3 +91,20 @@ def test_library_defaults_are_the_schemas(small_synth):
     assert (sig["radius"].default, sig["sigma"].default) == (cfg["edf"]["radius"], cfg["edf"]["sigma"])
     model = {f.name: f.default for f in dataclasses.fields(psf.Optics)}["model"]
     assert model == cfg["deconvolution"]["psf_model"]
+
+
+def test_a_cycle_job_longer_than_the_partition_allows_is_said_before_any_job(monkeypatch):
+    """A cycle's three stages share one allocation, which asks for the sum of their runtimes: each
+    stage fits a 2-hour partition, the cycle's job does not."""
+    from plexgpu.cluster import requests
+
+    monkeypatch.setattr(requests, "partition_limits",
+                        lambda part: {"cpus": 64, "mem_mb": 512000, "gpus": 8, "time_min": 120.0})
+    cfg = validate_config({"raw_dir": "/raw", "accounts": [{"name": "clive", "gpu_slots": 2, "partition": "gpu"}],
+                           "resources": {"stitch": {"runtime": 60}, "deconvolve": {"runtime": 90},
+                                         "edf": {"runtime": 30}}})
+    (line,) = requests.request_warnings(cfg)
+    assert "stitch + deconvolve + edf in one allocation" in line and "60 + 90 + 30 = 180 min" in line
+    assert "partition gpu's time limit (120 min)" in line
+    cfg["resources"]["deconvolve"]["runtime"] = 30
+    assert requests.request_warnings(cfg) == []

@@ -38,7 +38,7 @@ def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path)
     import json
 
     from plexgpu import cli, qc_page
-    from plexgpu.cluster import rerun, report, simulate
+    from plexgpu.cluster import rerun, report, simulate, slurm
 
     new = paths.Stage("background", (("background", "background/{cycle}/CH{ch}.ome.tif"),),
                       minutes=(2.0, 30.0), colour="#123456")
@@ -78,6 +78,11 @@ def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path)
     assert "<th>background</th>" in page and "no QC rule for this stage" in page
     assert page.index("<th>stitch</th>") < page.index("<th>background</th>") < page.index("<th>deconvolve</th>")
     # the report's timeline colours
+    use = report.StageUse(rule="background", elapsed_s=1.0, time_limit_s=None, util_mean=None, mem_peak_pct=None,
+                          cpu_eff=None, cpus=1, device_used=False, start=0.0, end=1.0)
     alloc = type("A", (), {"start": 0.0, "end": 1.0, "account": "a", "device_group": "g", "rule": "background",
-                           "cycle": "cyc001", "job_id": "1", "elapsed_s": 1.0})()
+                           "cycle": "cyc001", "job_id": "1", "elapsed_s": 1.0, "stages": [use]})()
     assert "#123456" in report._timeline_svg([alloc])
+    # a cycle's group job names the new stage among its stages, in pipeline order
+    assert slurm.parse_comment("rule_cycle_cyc001_background_deconvolve_edf_stitch") == (
+        "stitch+background+deconvolve+edf", "cyc001")

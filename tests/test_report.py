@@ -107,3 +107,26 @@ def test_record_written_also_on_failure_and_says_no_device(tmp_path):
     assert path.name.startswith("deconvolve-cyc004-") and data["status"] == "failed"
     assert data["device"]["used"] is False and "no GPU device was used" in data["device"]["note"]
     assert data["error"] == "RuntimeError: boom" and data["peak_rss_bytes"] > 0
+
+
+def test_a_cycle_group_job_is_one_allocation_and_its_card_names_the_stages(tmp_path):
+    """A cycle's stitch, deconvolve and edf ran in one SLURM allocation (one job id): the report counts
+    one allocation of that cycle, not three, and the report card still compares each stage on its own."""
+    jobs = tmp_path / "accounting" / "jobs"
+    jobs.mkdir(parents=True)
+    for rule, elapsed, util in (("edf", 300, 30), ("stitch", 600, 90), ("deconvolve", 1200, 95)):
+        _record(jobs, rule, "cyc001", 7, model="NVIDIA H200", elapsed=elapsed, util=util)
+        rec = jobs / f"{rule}-cyc001-fx7.json"
+        data = json.loads(rec.read_text())
+        data["start"] = 1000.0 + 2000 * (("stitch", "deconvolve", "edf").index(rule))
+        rec.write_text(json.dumps(data))
+    _record(jobs, "stitch", "cyc002", 8, model="NVIDIA H200", elapsed=600)
+    allocs = report.collect(jobs, use_sacct=False)
+    assert sorted((a.job_id, a.rule) for a in allocs) == [("fx7", "stitch+deconvolve+edf"), ("fx8", "stitch")]
+    group = next(a for a in allocs if a.job_id == "fx7")
+    assert group.elapsed_s == 600 + 1200 + 300 and [u.rule for u in group.stages] == ["stitch", "deconvolve", "edf"]
+    (line,) = report.usage_statements(allocs)
+    assert line["allocations"] == 2 and line["gpu_seconds"] == 2100 + 600
+    cards = {c["rule"]: c for c in report.report_card(allocs)}
+    assert {r: cards[r]["jobs"] for r in cards} == {"stitch": 2, "deconvolve": 1, "edf": 1}
+    assert cards["edf"]["gpu_util_mean_pct"] == 30 and "data starvation" in " ".join(cards["edf"]["advice"])

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from slurm_helpers import TEST_FLAGS, records, run_of, snakemake_cmd, profile_with_prefix, ts, write_config
+from slurm_helpers import (TEST_FLAGS, records, run_of, snakemake_cmd, profile_with_prefix, stage_records, ts,
+                           write_config)
 from plexgpu.image.synth import SynthDataset, SynthSpec
 from plexgpu.cluster import report
 from plexgpu.cluster.rerun import run_prefix
@@ -92,7 +93,7 @@ def test_killed_coordinator_rerun_resumes_only_unfinished(slurm_cluster, four_cy
     # a plain relaunch is refused by Snakemake (lock); plexgpu rerun recovers
     res = _rerun(tmp_path, cfg, profile)
     assert "cancelled stale job" in res.stdout
-    recs = records(prefix)
+    recs = stage_records(prefix)       # per stage: a cycle's group job is one sacct row for three stages
     finished_before = {(r["rule"], r["cycle"]) for r in recs
                        if r["State"] == "COMPLETED" and ts(r["End"]) < killed_at - 1}
     assert finished_before
@@ -108,30 +109,39 @@ def test_killed_coordinator_rerun_resumes_only_unfinished(slurm_cluster, four_cy
     assert _digests(tmp_path / "results") == _digests(reference)
 
 
-def test_scancelled_job_other_cycles_finish_and_rerun_only_that_cycle(slurm_cluster, four_cycles, tmp_path):
+def test_scancel_mid_deconvolve_other_cycles_finish_and_rerun_only_what_was_not_done(slurm_cluster, four_cycles,
+                                                                                      tmp_path):
+    """A cycle's stages share one allocation; a scancel after its stitch finished (deconvolve running)
+    loses only what was not done: the rerun's one allocation for that cycle runs deconvolve and edf,
+    never stitch again."""
     raw, reference = four_cycles
     prefix, profile, cfg, coord = _start_run(tmp_path, raw, "s")
     victim = {}
+    stitched = tmp_path / "results/stitched/cyc002/CH1.ome.tif"
 
-    def running_stitch_of_cyc002():
+    def cyc002_past_its_stitch():
         for j in _my_jobs(prefix):
-            if j["Comment"] == "rule_stitch_wildcards_cyc002" and j["State"] == "RUNNING":
+            if j["Comment"] == "rule_cycle_cyc002_deconvolve_edf_stitch" and j["State"] == "RUNNING" \
+                    and stitched.exists():
                 victim.update(j)
                 return True
         return False
 
-    _wait(running_stitch_of_cyc002, what="stitch of cyc002 running")
+    _wait(cyc002_past_its_stitch, what="cyc002's job running after its stitch")
     subprocess.run(["scancel", victim["JobID"]], check=True)
     assert coord.wait(timeout=600) != 0  # keep-going: the others finish, the run reports the failure
     for c in ("cyc001", "cyc003", "cyc004"):
         assert (tmp_path / f"results/edf/{c}/CH1.ome.tif").exists()
     assert not (tmp_path / "results/edf/cyc002/CH1.ome.tif").exists()
     st = _plexgpu("status", "--configfile", str(cfg), "-d", str(tmp_path), "--profile", str(profile))
-    line = next(ln for ln in st.stdout.splitlines() if "cyc002" in ln and "stitch" in ln)
-    assert "failed" in line and "CANCELLED" in line
+    states = {s: next(ln for ln in st.stdout.splitlines() if "cyc002" in ln and f" {s} " in ln)
+              for s in ("stitch", "deconvolve", "edf")}
+    assert "done" in states["stitch"], st.stdout
+    assert "failed" in states["edf"] and "CANCELLED" in states["edf"], st.stdout
+    lost = [s for s in ("deconvolve", "edf") if "done" not in states[s]]
     assert all("done" in ln for ln in st.stdout.splitlines() if "cyc001" in ln)
     # the user's scancel stayed a cancel: the profile resubmitted nothing of cyc002
-    assert [r["rule"] for r in records(prefix) if r["cycle"] == "cyc002"] == ["stitch"]
+    assert [r["rule"] for r in records(prefix) if r["cycle"] == "cyc002"] == ["stitch+deconvolve+edf"]
     # every allocation sacct knows is in the report, the cancelled one included; GPU-seconds to the second
     rep = _plexgpu("report", "--configfile", str(cfg), "-d", str(tmp_path), "--profile", str(profile))
     assert rep.returncode == 0, rep.stderr
@@ -142,11 +152,11 @@ def test_scancelled_job_other_cycles_finish_and_rerun_only_that_cycle(slurm_clus
                                                            for r in recs)
     cancelled = next(a for a in allocs if a.job_id == victim["JobID"])
     assert cancelled.state.startswith("CANCELLED") and cancelled.gpus == 1
+    assert [u.rule for u in cancelled.stages][0] == "stitch"     # the record its finished stitch wrote
     before = {r["JobID"] for r in records(prefix)}
     _rerun(tmp_path, cfg, profile)
     new = [r for r in records(prefix) if r["JobID"] not in before]
-    assert sorted((r["rule"], r["cycle"]) for r in new) == [("deconvolve", "cyc002"), ("edf", "cyc002"),
-                                                            ("registration", ""), ("stitch", "cyc002")]
+    assert sorted((r["rule"], r["cycle"]) for r in new) == sorted([("+".join(lost), "cyc002"), ("registration", "")])
     assert _digests(tmp_path / "results") == _digests(reference)
 
 

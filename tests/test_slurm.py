@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from conftest import REPO
-from slurm_helpers import ACCOUNTS, max_concurrent, records, snakemake_on_slurm, ts, write_config
+from slurm_helpers import ACCOUNTS, max_concurrent, records, snakemake_on_slurm, stage_records, ts, write_config
 from plexgpu.cluster import report
 from plexgpu.cluster.assignment import build_cycle_assignment
 from plexgpu.cluster.slurm import parse_elapsed
@@ -45,8 +45,11 @@ def test_nine_cycles_gpu_only_on_real_slurm(slurm_cluster, nine_cycles):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     recs = records(prefix)
     expect = build_cycle_assignment([f"cyc{c:03d}" for c in range(1, 10)], ACCOUNTS)
-    gpu_recs = [r for r in recs if r["rule"] in ("stitch", "deconvolve", "edf", "registration")]
-    assert len(gpu_recs) == 9 * 3 + 1 and all(r["State"] == "COMPLETED" for r in gpu_recs)
+    gpu_recs = [r for r in recs if r["rule"] in ("stitch+deconvolve+edf", "registration")]
+    # one allocation per cycle (its three stages, one after another on one GPU) + registration
+    assert len(gpu_recs) == 9 + 1 and all(r["State"] == "COMPLETED" for r in gpu_recs), \
+        [(r["rule"], r["cycle"], r["State"]) for r in recs]
+    assert sorted(r["cycle"] for r in gpu_recs if r["cycle"]) == [f"cyc{c:03d}" for c in range(1, 10)]
     for r in gpu_recs:
         assert "gres/gpu=1" in r["AllocTRES"], r
         if r["rule"] == "registration":
@@ -73,8 +76,12 @@ def test_nine_cycles_gpu_only_on_real_slurm(slurm_cluster, nine_cycles):
     for a in allocs:
         assert a.source == "sacct" and a.gpus == 1 and a.account == by_id[a.job_id]["Account"]
         assert a.elapsed_s == parse_elapsed(by_id[a.job_id]["Elapsed"])
+        if a.cycle:    # each stage wrote its own record in the cycle's one allocation, in order
+            assert [u.rule for u in a.stages] == ["stitch", "deconvolve", "edf"], a
+            assert all(u.end <= v.start for u, v in zip(a.stages, a.stages[1:])), a
+            assert sum(u.elapsed_s for u in a.stages) <= a.elapsed_s + 1, a
     total = sum(parse_elapsed(r["Elapsed"]) for r in gpu_recs)
-    assert f"28 allocations held 1 GPU each (SLURM gres/gpu) for {total / 3600:.3f} h" in rep.stdout
+    assert f"10 allocations held 1 GPU each (SLURM gres/gpu) for {total / 3600:.3f} h" in rep.stdout
     assert "no GPU device was used" in rep.stdout
     # QC apart, on SLURM too: it holds no GPU
     res = snakemake_on_slurm(tmp, cfg, "qc", prefix + "q")
@@ -94,7 +101,7 @@ def test_gpu_device_on_fake_gpus_fails_fast_and_writes_nothing(slurm_cluster, tm
     log = (tmp_path / "results/logs/stitch/cyc001.log").read_text()
     assert "no usable GPU" in log
     assert not list((tmp_path / "results").glob("stitched/*/*.tif"))
-    recs = [r for r in records(prefix) if r["rule"] == "stitch"]
+    recs = [r for r in stage_records(prefix) if r["rule"] == "stitch"]
     assert recs and recs[0]["State"] == "FAILED"
     elapsed = ts(recs[0]["End"]) - ts(recs[0]["Start"])
     print(f"guard failed the job after {elapsed:.0f} s (whole run {time.time() - t0:.0f} s)")

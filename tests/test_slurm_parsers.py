@@ -35,6 +35,10 @@ def test_fields():
     assert slurm.parse_rss("1024K") == 2**20 and slurm.parse_rss("") is None
     assert slurm.parse_comment("rule_stitch_wildcards_cyc002") == ("stitch", "cyc002")
     assert slurm.parse_comment("rule_registration") == ("registration", "")
+    # a cycle's group job (Snakemake: "<group id>_<its rules, sorted>"): its stages in pipeline order
+    assert slurm.parse_comment("rule_cycle_cyc004_deconvolve_edf_stitch") == ("stitch+deconvolve+edf", "cyc004")
+    assert slurm.job_stages("rule_cycle_cyc004_deconvolve_edf") == [("deconvolve", "cyc004"), ("edf", "cyc004")]
+    assert slurm.job_stages("rule_qc_stitch_wildcards_cyc001") == [("qc_stitch", "cyc001")]
 
 
 def test_sacct_by_ids_joins_steps_max_rss(recorded):

@@ -29,7 +29,24 @@ TIME_USED_LOW_PCT = 25
 
 
 @dataclass
+class StageUse:
+    """One stage's own record inside an allocation: what the report card compares per rule."""
+    rule: str
+    elapsed_s: float
+    time_limit_s: float | None   # the stage's own runtime request
+    util_mean: float | None
+    mem_peak_pct: float | None
+    cpu_eff: float | None
+    cpus: int | None
+    device_used: bool
+    start: float
+    end: float
+
+
+@dataclass
 class Allocation:
+    """One SLURM allocation (one job id): a single job, or a cycle's group job with its stages in
+    pipeline order (``rule`` then reads e.g. ``stitch+deconvolve+edf``)."""
     rule: str
     cycle: str
     job_id: str
@@ -44,13 +61,10 @@ class Allocation:
     device_short: str        # e.g. "H200", "H100 3g.40gb"
     device_used: bool
     unit: str                # "GPU-hours" or "slice-hours"
-    util_mean: float | None
-    mem_peak_pct: float | None
-    cpu_eff: float | None
-    cpus: int | None
     start: float
     end: float
     max_rss: float | None
+    stages: list[StageUse]   # the stages' own records (none for an allocation that wrote no record)
 
 
 def _device(record: dict) -> tuple[str, str, bool, str]:
@@ -90,9 +104,18 @@ def unrecorded(known_ids: set[str], run: str, workdir: Path) -> list[Allocation]
             rule=rule, cycle=cycle, job_id=r["JobID"], account=r["Account"], partition=r["Partition"],
             gpus=gres_gpus(r["AllocTRES"]), elapsed_s=parse_elapsed(r["Elapsed"]), time_limit_s=limit,
             state=r["State"].split()[0], source="sacct", device_group=NO_RECORD, device_short="unknown",
-            device_used=False, unit="allocated-GPU-hours", util_mean=None, mem_peak_pct=None, cpu_eff=None,
-            cpus=None, start=_epoch(r["Start"]), end=_epoch(r["End"]), max_rss=parse_rss(r["MaxRSS"])))
+            device_used=False, unit="allocated-GPU-hours", start=_epoch(r["Start"]), end=_epoch(r["End"]),
+            max_rss=parse_rss(r["MaxRSS"]), stages=[]))
     return out
+
+
+def _stage_use(r: dict) -> StageUse:
+    samples = r.get("gpu_samples") or {}
+    runtime = (r.get("requested") or {}).get("runtime")
+    return StageUse(rule=r["rule"], elapsed_s=r["elapsed_s"], time_limit_s=float(runtime) * 60 if runtime else None,
+                    util_mean=samples.get("gpu_util_mean_pct"), mem_peak_pct=samples.get("gpu_mem_peak_pct"),
+                    cpu_eff=r.get("cpu_efficiency_pct"), cpus=(r.get("requested") or {}).get("cpus_per_task"),
+                    device_used=bool((r.get("device") or {}).get("used")), start=r["start"], end=r["end"])
 
 
 def collect(accounting_dir: str | Path, use_sacct: bool = True, run: str | None = None,
@@ -101,29 +124,34 @@ def collect(accounting_dir: str | Path, use_sacct: bool = True, run: str | None 
     prefix) the run's allocations sacct knows that have no record."""
     records = load_records(accounting_dir)
     facts = sacct_by_ids([r["slurm"]["job_id"] for r in records]) if use_sacct else {}
-    out = []
+    by_job: dict[str, list[dict]] = defaultdict(list)
     for r in records:
-        jid = r["slurm"]["job_id"]
-        s = facts.get(jid)
-        group, short, used, unit = _device(r)
-        samples = r.get("gpu_samples") or {}
+        by_job[r["slurm"]["job_id"]].append(r)
+    order = {name: i for i, name in enumerate(s.name for s in paths.PIPELINE)}
+    out = []
+    for jid, recs in by_job.items():
+        recs.sort(key=lambda r: (order.get(r["rule"], len(order)), r["start"]))
+        first, s = recs[0], facts.get(jid)
+        group, short, used, unit = _device(first)
+        stages = [_stage_use(r) for r in recs]
         if s:
             gpus, elapsed = gres_gpus(s["AllocTRES"]), parse_elapsed(s["Elapsed"])
             limit = parse_elapsed(s["Timelimit"]) if s["Timelimit"] not in ("", "UNLIMITED", "Partition_Limit") else None
             account, partition, state, source, rss = s["Account"], s["Partition"], s["State"], "sacct", s["MaxRSS_bytes"]
-        else:
-            gpus, elapsed = r.get("allocated_gpus", 0), r["elapsed_s"]
-            runtime = (r.get("requested") or {}).get("runtime")
-            limit = float(runtime) * 60 if runtime else None
-            account = r["slurm"].get("account") or "(none)"
-            partition = r["slurm"].get("partition") or "(none)"
-            state, source, rss = r["status"].upper(), "record", r.get("peak_rss_bytes")
+        else:   # no sacct: the stages' own elapsed times, one after another in the allocation
+            gpus, elapsed = first.get("allocated_gpus", 0), sum(u.elapsed_s for u in stages)
+            limits = [u.time_limit_s for u in stages]
+            limit = sum(limits) if all(limits) else None
+            account = first["slurm"].get("account") or "(none)"
+            partition = first["slurm"].get("partition") or "(none)"
+            failed = [r["status"] for r in recs if r["status"] != "completed"]
+            state, source = (failed or [first["status"]])[0].upper(), "record"
+            rss = max((r.get("peak_rss_bytes") or 0 for r in recs), default=0) or None
         out.append(Allocation(
-            rule=r["rule"], cycle=r["cycle"], job_id=jid, account=account, partition=partition, gpus=gpus,
-            elapsed_s=elapsed, time_limit_s=limit, state=state, source=source, device_group=group,
-            device_short=short, device_used=used, unit=unit, util_mean=samples.get("gpu_util_mean_pct"),
-            mem_peak_pct=samples.get("gpu_mem_peak_pct"), cpu_eff=r.get("cpu_efficiency_pct"),
-            cpus=(r.get("requested") or {}).get("cpus_per_task"), start=r["start"], end=r["end"], max_rss=rss))
+            rule="+".join(u.rule for u in stages), cycle=first["cycle"], job_id=jid, account=account,
+            partition=partition, gpus=gpus, elapsed_s=elapsed, time_limit_s=limit, state=state, source=source,
+            device_group=group, device_short=short, device_used=used, unit=unit,
+            start=min(u.start for u in stages), end=max(u.end for u in stages), max_rss=rss, stages=stages))
     if use_sacct and run:
         out += unrecorded({r["slurm"]["job_id"] for r in records}, run, Path(workdir or Path.cwd()))
     return out
@@ -178,9 +206,10 @@ def usage_statements(allocs: list[Allocation]) -> list[dict]:
 
 
 def report_card(allocs: list[Allocation]) -> list[dict]:
-    """Per rule: what was used against what was asked for, with advice and its numbers."""
+    """Per rule (each stage of a cycle's group job on its own): what was used against what was asked
+    for, with advice and its numbers."""
     cards = []
-    for rule, items in _group_by(allocs, "rule"):
+    for rule, items in _group_by([u for a in allocs for u in a.stages], "rule"):
         def mean(vals):
             return sum(vals) / len(vals) if vals else None
         util = mean([a.util_mean for a in items if a.util_mean is not None])
@@ -284,12 +313,17 @@ def _timeline_svg(allocs: list[Allocation]) -> str:
             placed.append((k, a))
         out.append(f'<text x="0" y="{y + 12}" font-size="11">{html.escape(lane[0])} · '
                    f'{html.escape(lane[1])}</text>')
-        for k, a in placed:
+        for k, a in placed:   # the allocation in grey, each of its stages in its colour on it
             x = left + (a.start - t0) * scale
             w = max(1.0, (a.end - a.start) * scale)
             out.append(f'<rect x="{x:.1f}" y="{y + k * lane_h + 2}" width="{w:.1f}" height="{lane_h - 4}" '
-                       f'fill="{colours.get(a.rule, "#999")}"><title>{html.escape(a.rule)} {a.cycle} job '
-                       f'{a.job_id}: {a.elapsed_s:.0f} s</title></rect>')
+                       f'fill="#999"><title>{html.escape(a.rule)} {a.cycle} job {a.job_id}: {a.elapsed_s:.0f} s'
+                       f'</title></rect>')
+            for u in a.stages:
+                xs, ws = left + (u.start - t0) * scale, max(1.0, (u.end - u.start) * scale)
+                out.append(f'<rect x="{xs:.1f}" y="{y + k * lane_h + 2}" width="{ws:.1f}" height="{lane_h - 4}" '
+                           f'fill="{colours.get(u.rule, "#999")}"><title>{html.escape(u.rule)} {a.cycle} in job '
+                           f'{a.job_id}: {u.elapsed_s:.0f} s</title></rect>')
         y += max(1, len(sub)) * lane_h + 8
     # the time axis: ticks at a round step, minutes from the first allocation's start
     span = max(t1 - t0, 1e-6)
@@ -309,13 +343,13 @@ def _timeline_svg(allocs: list[Allocation]) -> str:
 
 
 def _bars_svg(allocs: list[Allocation]) -> str:
-    items = sorted(allocs, key=lambda a: a.start)
+    items = sorted(((u, a.cycle) for a in allocs for u in a.stages), key=lambda uc: uc[0].start)
     h, width = 14, 700
     out = []
-    for i, a in enumerate(items):
+    for i, (u, cycle) in enumerate(items):
         y = i * h
-        out.append(f'<text x="0" y="{y + 11}" font-size="10">{html.escape(a.rule)} {a.cycle}</text>')
-        for j, (v, colour) in enumerate(((a.util_mean, "#4c78a8"), (a.mem_peak_pct, "#f58518"))):
+        out.append(f'<text x="0" y="{y + 11}" font-size="10">{html.escape(u.rule)} {cycle}</text>')
+        for j, (v, colour) in enumerate(((u.util_mean, "#4c78a8"), (u.mem_peak_pct, "#f58518"))):
             if v is not None:
                 out.append(f'<rect x="{160 + j * 270}" y="{y + 2}" width="{2.5 * v:.1f}" height="{h - 4}" '
                            f'fill="{colour}"/>')

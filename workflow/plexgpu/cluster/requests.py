@@ -12,7 +12,8 @@ from .slurm import partition_limits
 def request_warnings(config: dict) -> list[str]:
     """What sbatch would refuse or leave pending for ever, said before any job: each GPU rule's
     cpus_per_task, mem_mb and runtime against the largest node of each account's partition (sinfo),
-    one GPU per job; and compute.device = gpu where CuPy does not import here."""
+    one GPU per job; a cycle's job (its stages in one allocation: the sum of their runtimes) against
+    the partition's time limit; and compute.device = gpu where CuPy does not import here."""
     out = []
     for a in config["accounts"]:
         part = a.get("partition")
@@ -28,6 +29,13 @@ def request_warnings(config: dict) -> list[str]:
             if lim["time_min"] is not None and r["runtime"] > lim["time_min"]:
                 out.append(f"resources.{rule}.runtime = {r['runtime']} min exceeds partition {part}'s time limit "
                            f"({lim['time_min']:.0f} min)")
+        cycle = [s.name for s in PIPELINE if s.gpu and s.per_cycle]
+        total = sum(config["resources"][rule]["runtime"] for rule in cycle)
+        if lim["time_min"] is not None and total > lim["time_min"]:
+            out.append(f"a cycle's job runs {' + '.join(cycle)} in one allocation and asks for the sum of their "
+                       f"runtimes, {' + '.join(str(config['resources'][r]['runtime']) for r in cycle)} = {total} "
+                       f"min, beyond partition {part}'s time limit ({lim['time_min']:.0f} min): sbatch refuses it; "
+                       "lower resources.<stage>.runtime to what the stages take (plexgpu report's card)")
         if lim["gpus"] < 1:
             out.append(f"partition {part} (account {a['name']}) has no node with a GPU: every image job asks for one")
     if config["compute"]["device"] == "gpu" and importlib.util.find_spec("cupy") is None:

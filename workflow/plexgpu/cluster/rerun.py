@@ -120,12 +120,13 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
     history: dict[tuple[str, str], dict] = {}
     if slurm.available():
         for j in workflow_jobs(run, workdir):
-            running[slurm.parse_comment(j["Comment"])] = j
+            for key in slurm.job_stages(j["Comment"]):    # a cycle's group job: each of its stages
+                running[key] = j
         for r in slurm.sacct_jobs(start="now-7days"):
             if belongs(r, run, workdir):
-                key = slurm.parse_comment(r["Comment"])
-                if key not in history or int(r["JobID"]) > int(history[key]["JobID"]):
-                    history[key] = r
+                for key in slurm.job_stages(r["Comment"]):
+                    if key not in history or int(r["JobID"]) > int(history[key]["JobID"]):
+                        history[key] = r
     incomplete = incomplete_outputs(workdir)
     out = []
     items = [(cycle, st.name, (st.name, cycle), paths.stage_files(results_dir, st.name, cycle, channels))
@@ -133,10 +134,11 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
     items += [("all", st.name, (st.name, ""), paths.stage_files(results_dir, st.name, "", channels))
               for st in paths.PIPELINE if not st.per_cycle]
     for cycle, stage, key, files in items:
-        if key in running:
-            j = running[key]
+        partial = any(os.path.realpath(f) in incomplete for f in files)
+        if key in running and (partial or not all(f.exists() for f in files)):
+            j = running[key]        # (a stage its group job has finished already is done)
             out.append(StageState(cycle, stage, "running", f"job {j['JobID']}, account {j['Account']}, {j['State']}"))
-        elif any(os.path.realpath(f) in incomplete for f in files):
+        elif partial:
             out.append(StageState(cycle, stage, "incomplete", "started, never finished (partial outputs)"))
         elif all(f.exists() for f in files):
             out.append(StageState(cycle, stage, "done"))

@@ -7,6 +7,8 @@ import re
 import shutil
 import subprocess
 
+from .. import paths
+
 
 def available() -> bool:
     return shutil.which("sbatch") is not None
@@ -209,11 +211,31 @@ FAILED_STATES = ("CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                  "DEADLINE")
 
 
+#: the Snakemake job group of one cycle's stages (rules/cycle.smk): one SLURM allocation per cycle
+CYCLE_GROUP = "cycle_{cycle}"
+#: Snakemake names a group job ``<group id>_<its rule names, sorted, joined by _>``
+_GROUP_JOB = re.compile(r"cycle_(?P<cycle>[^_]+)_(?P<rules>[a-z0-9_]+)")
+
+
 def parse_comment(comment: str) -> tuple[str, str]:
-    """The slurm plugin's job comment ``rule_<rule>_wildcards_<values>`` -> (rule, wildcards)."""
+    """The slurm plugin's job comment -> (rule, wildcards): ``rule_<rule>_wildcards_<values>`` for one
+    job, ``rule_<group job name>`` for a cycle's group job, whose stages come back in pipeline order
+    joined by ``+`` (``rule_cycle_cyc001_deconvolve_edf_stitch`` -> ("stitch+deconvolve+edf", "cyc001"))."""
     body = comment[len("rule_"):] if comment.startswith("rule_") else comment
     rule, _, wc = body.partition("_wildcards_")
+    group = _GROUP_JOB.fullmatch(rule) if not wc else None
+    if group:
+        names = set(group["rules"].split("_"))
+        stages = [s for s in paths.cycle_stages() if s in names]
+        if stages and len(stages) == len(names):
+            return "+".join(stages), group["cycle"]
     return rule, wc
+
+
+def job_stages(comment: str) -> list[tuple[str, str]]:
+    """(stage, cycle) of every stage a job runs: one for a single job, each of a cycle's group."""
+    rule, cycle = parse_comment(comment)
+    return [(stage, cycle) for stage in rule.split("+")]
 
 
 def squeue_jobs() -> list[dict]:
