@@ -26,6 +26,12 @@ include: "rules/registration.smk"
 include: "rules/qc.smk"
 
 
+onstart:
+    # once per run, not on a dry run: what the coordinator resolved, for every job's parse to read
+    if workflow.is_main_process:
+        write_manifest(config, RUN_KEY, EXPERIMENT)
+
+
 onerror:
     # one summary of what is not done and the next step, instead of "look above for error messages"
     from plexgpu.cluster.rerun import next_steps

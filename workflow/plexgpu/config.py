@@ -8,6 +8,7 @@ checkout; the workflow (Snakefile) and the CLI both validate through
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -16,6 +17,12 @@ import yaml
 #: root of the checkout (workflow/plexgpu/config.py -> ../../)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "config" / "schema" / "config.schema.yaml"
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict:
+    """The config schema, parsed once per process (every Snakefile parse, the jobs' too, reads it)."""
+    return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
 class ConfigError(ValueError):

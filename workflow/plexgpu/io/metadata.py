@@ -33,11 +33,9 @@ _EXPERIMENT_KEYS = {
 
 def _schema_rule(config_key: str) -> dict:
     """The schema's rule for a config key (for ``cycles``: that of one cycle number)."""
-    import yaml
+    from ..config import schema
 
-    from ..config import SCHEMA_PATH
-
-    node = yaml.safe_load(SCHEMA_PATH.read_text())
+    node = schema()
     for part in config_key.split("."):
         node = node["properties"][part]
     return node.get("items", node) if config_key == "cycles" else node
