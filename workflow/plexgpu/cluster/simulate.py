@@ -1,7 +1,7 @@
 """A discrete-event simulation of a plexgpu run: how long N cycles take on the given GPU
 slots (policy ``gpu-only``), or with overflow cycles sent to CPU slots (``cpu-fallback``,
-what the reference system did). Stages of a cycle run in order, one job each; a free
-slot takes the downstream stage of the earliest started cycle first, like the gpu-only
+what the reference system did). A cycle is one job (its stages' group, one allocation): a
+free slot takes the earliest cycle and runs its stages back to back, like the gpu-only
 scheduler. Registration runs once every cycle is done.
 """
 
@@ -41,32 +41,16 @@ def _run_pool(cycles: list[str], slots: int, minutes: tuple[float, ...], pool: s
     stages = paths.cycle_stages()                 # the per-cycle chain of the stage registry
     if len(minutes) != len(stages):
         raise ValueError(f"{len(minutes)} stage minutes for the {len(stages)} per-cycle stages {', '.join(stages)}")
-    stage_of = {c: 0 for c in cycles}
-    ready_at = {c: start for c in cycles}
-    started: set[str] = set()
     free = [(start, i) for i in range(slots)]  # (time slot becomes free, slot id)
     heapq.heapify(free)
     jobs, done = [], {}
-    order = {c: i for i, c in enumerate(cycles)}
-    pending = set(cycles)
-    while pending:
+    for c in cycles:                              # the earliest cycle takes the first free slot
         t, slot = heapq.heappop(free)
-        ready = [c for c in pending if ready_at[c] <= t]
-        if not ready:
-            t = min(ready_at[c] for c in pending)
-            heapq.heappush(free, (t, slot))
-            continue
-        c = min(ready, key=lambda c: (c not in started, order[c]))
-        s = stage_of[c]
-        end = t + minutes[s]
-        jobs.append((pool, c, stages[s], t, end))
-        started.add(c)
-        stage_of[c] += 1
-        ready_at[c] = end
-        if stage_of[c] == len(stages):
-            pending.discard(c)
-            done[c] = end
-        heapq.heappush(free, (end, slot))
+        for stage, m in zip(stages, minutes):     # one allocation: the cycle's stages back to back
+            jobs.append((pool, c, stage, t, t + m))
+            t += m
+        done[c] = t
+        heapq.heappush(free, (t, slot))
     return jobs, done
 
 

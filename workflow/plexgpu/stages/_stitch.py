@@ -1,39 +1,26 @@
-"""The four image stages of a workflow job, from files to files: stitch, deconvolve,
-edf (per cycle) and registration (all cycles). Each reads its inputs, runs the
-algorithms on the job's backend (NumPy or CuPy) and writes every output atomically.
-Memory is bounded by one channel's z-stack mosaic: channels are streamed."""
+"""The stitch stage: raw tiles -> BaSiC per z-plane, tile positions, stitched z-stack mosaics per channel."""
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
-import json
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 
-from .image import basic, deconvolution, defects, edf, psf, registration, shading, stitching
-from . import xp as xpmod
-from .experiment import CycleSpec
-from .io.raw import RawDataError
-from .io.tiff import (StackReader, atomic_path, ome_writer, read_tiff, write_ome, write_plane, write_pyramidal_ome,
-                      write_text_atomic)
-from .job import JobContext
-from .planes import PlanesRecord
+from .. import xp as xpmod
+from ..experiment import CycleSpec
+from ..image import basic, defects, edf, shading, stitching
+from ..io.raw import RawDataError
+from ..io.tiff import ome_writer, read_tiff, write_ome, write_text_atomic
+from ..job import JobContext
+from ..planes import PlanesRecord
+from ._common import per_channel
 
 log = logging.getLogger("plexgpu")
+
+
 RESIZE_TILES = 8   # tiles resized together in the stitch job (a plane at once: 2 float32 copies of all its tiles)
-
-
-def per_channel(spec: CycleSpec, files) -> dict:
-    """{channel: path} from a stage's per-channel output (one path per channel of ``spec.channels``)."""
-    files = list(files)
-    if len(files) != len(spec.channels):
-        raise ValueError(f"{len(files)} paths for the {len(spec.channels)} channels of {spec.key}")
-    return dict(zip(spec.channels, files))
 
 
 def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[np.ndarray]:
@@ -47,7 +34,7 @@ def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[
     return tiles
 
 
-# ----------------------------------------------------------------------------- stitch
+
 def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, out, read_plane=None) -> dict:
     """BaSiC per (channel, z) in one batched fit, one stitching model, the flatfield of every
     plane refined on the tile overlaps and its camera offset, blended mosaics.
@@ -296,239 +283,3 @@ def _shading_record(sh) -> dict:
             "light_floor": sh.light_floor, "refined": r.degree is not None, "degree": r.degree,
             "additive": r.additive, "overlap_samples": r.samples, "seam_before": finite(r.seam_before),
             "seam_after": finite(r.seam_after)}
-
-
-# ----------------------------------------------------------------------------- deconvolve
-def optics_for(spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, channel: int) -> psf.Optics:
-    return psf.Optics(pixel_size_um=spec.pixel_size_um, z_step_um=spec.z_step_um, na=optics_cfg["na"],
-                      immersion_index=optics_cfg["immersion_index"], sample_index=optics_cfg["sample_index"],
-                      emission_nm=spec.emission(channel), model=decon_cfg["psf_model"],
-                      depth_um=(spec.z_planes - 1) * spec.z_step_um / 2)
-
-
-def kernel_for(spec: CycleSpec, o: psf.Optics, decon_cfg: dict, channel: int, n_planes: int):
-    """The channel's PSF: measured (deconvolution.psf_file) on the data's grid, or computed from the optics."""
-    path = psf.file_for(decon_cfg, channel)
-    if path:
-        voxel = decon_cfg.get("psf_voxel_um")
-        return psf.measured(path, tuple(voxel) if voxel else None, spec.z_step_um, spec.pixel_size_um,
-                            max_planes=2 * n_planes - 1)
-    return psf.psf(o, *psf.default_half_size(o, n_planes))
-
-
-def deconvolve(ctx: JobContext, spec: CycleSpec, optics_cfg: dict, decon_cfg: dict, inputs, out):
-    """Richardson-Lucy per channel with a PSF from the optics; float32, flux kept. ``inputs["stitched"]``
-    and ``out["deconvolved"]``: one path per channel (the rule's snakemake.input / output).
-
-    Streamed: each XY chunk is read from the stitched stack and its result written straight
-    into the output file, so host memory holds one chunk's work, not the stacks."""
-    stitched, deconvolved = per_channel(spec, inputs["stitched"]), per_channel(spec, out["deconvolved"])
-    if decon_cfg["iterations"] == 0:        # no RL: the stitched stack is the deconvolved one, no device work
-        import shutil
-
-        for ch in spec.channels:
-            with atomic_path(deconvolved[ch]) as tmp:
-                shutil.copyfile(stitched[ch], tmp)
-        write_text_atomic(out["flux"], json.dumps({str(ch): {"iterations": 0, "explained_ratio": 1.0, "flux_ratio": 1.0}
-                                                   for ch in spec.channels}))
-        log.info("deconvolution.iterations = 0: the stitched stacks are copied as they are (no Richardson-Lucy)")
-        return
-    record = {}
-    for ch in spec.channels:
-        stack = StackReader(stitched[ch], ctx.workers)   # ZYX, >= MIN_PLANES planes (checked with the raw data)
-        shape = stack.shape
-        o = optics_for(spec, optics_cfg, decon_cfg, ch)
-        kernel = kernel_for(spec, o, decon_cfg, ch, shape[0])
-        budget = deconvolution.memory_budget(ctx.xp, shape)
-        chunk = deconvolution.chunk_for_budget(shape, kernel.shape, budget, decon_cfg["chunk_px"])
-        halo = deconvolution.default_halo(kernel.shape)
-        n_chunks = len(deconvolution.chunk_slices(shape[1], chunk, 0)) * len(deconvolution.chunk_slices(shape[2], chunk, 0))
-        log.info("CH%d: %s stack in %d chunks of <= %d px (halo %d px; RL work per chunk <= %.0f MB, budget %.0f MB)",
-                 ch, shape, n_chunks, chunk, halo, deconvolution.working_bytes(
-                     deconvolution.piece_shape(shape, chunk, halo), kernel.shape) / 2**20, budget / 2**20)
-        advance = ctx.progress(f"{spec.key} CH{ch} RL x{decon_cfg['iterations']}", n_chunks)
-        t0 = time.perf_counter()
-        flux: dict = {}
-        with ome_writer(deconvolved[ch], shape, np.float32, "ZYX", spec.pixel_size_um, spec.z_step_um,
-                        [spec.marker(ch)], workers=ctx.workers) as result:
-            deconvolution.deconvolve(stack, kernel, decon_cfg["iterations"], chunk, xp=ctx.xp, workers=ctx.workers,
-                                     progress=lambda d, t: advance(), out=result, flux=flux)
-        record[str(ch)] = {"iterations": decon_cfg["iterations"], "flux_ratio": flux["out"] / max(flux["in"], 1e-12),
-                           "explained_ratio": flux["explained"] / max(flux["in"], 1e-12)}
-        log.info("CH%d: the result blurred again holds %.4f of the recorded light (RL's fit)", ch,
-                 record[str(ch)]["explained_ratio"])
-        log.info("CH%d: PSF %s (%s), %d iterations in %.1f s, flux ratio %.4f", ch, kernel.shape,
-                 psf.file_for(decon_cfg, ch) or f"{o.model}, {o.emission_nm:.0f} nm", decon_cfg["iterations"],
-                 time.perf_counter() - t0, flux["out"] / max(flux["in"], 1e-12))
-    write_text_atomic(out["flux"], json.dumps(record, indent=1))
-
-
-# ----------------------------------------------------------------------------- edf
-def extended_depth(ctx: JobContext, spec: CycleSpec, edf_cfg: dict, inputs, out):
-    """EDF per channel of the stitched stack (``inputs["stitched"]`` -> ``out["edf"]``, for
-    quantification, with its focus map ``out["focus"]``) and of the deconvolved stack
-    (``inputs["deconvolved"]`` -> ``out["edf_deconvolved"]``); each one path per channel, the rule's
-    snakemake.input / output; ``inputs["planes"]``: the stitch stage's planes.json. The quality
-    gate judges what the camera recorded in each tile of each plane, and a faulty tile is left out
-    of its plane where it lies in the mosaic only.
-
-    Two images because one cannot be both (bench/decon_edf.py): Richardson-Lucy stopped after tens
-    of iterations sharpens but leaves each cell's integrated intensity uneven, while the EDF of the
-    stitched stack keeps it; the first is for quantification, the second for display and segmentation."""
-    record = PlanesRecord.read(inputs["planes"])
-    stacks = {"quantification": (per_channel(spec, inputs["stitched"]), per_channel(spec, out["edf"])),
-              "deconvolved": (per_channel(spec, inputs["deconvolved"]), per_channel(spec, out["edf_deconvolved"]))}
-    focus_out = per_channel(spec, out["focus"])
-    for ch in spec.channels:
-        stats = record.tile_stats(ch)
-        kept, bad = edf.quality_gate(stats, label=f"{spec.key} CH{ch}: ")
-        for z, faults in enumerate(bad):
-            for t, why in faults.items():
-                log.warning("CH%d Z%03d: tile %d left out of the EDF where it lies: %s", ch, z + 1, t + 1, why)
-        for i, (kind, (sources, targets)) in enumerate(stacks.items()):
-            stack = StackReader(sources[ch], ctx.workers)    # read plane by plane, never whole
-            res = edf.extended_depth_of_field(stack, edf_cfg["radius"], edf_cfg["sigma"], kept, xp=ctx.xp,
-                                              invalid=_fault_masks(bad, record.footprints, stack.shape[1:]))
-            write_plane(targets[ch], xpmod.to_host(res.image), spec.marker(ch), spec.pixel_size_um,
-                        workers=ctx.workers)
-            if i == 0:
-                write_plane(focus_out[ch], xpmod.to_host(res.focus_index), "focus index", spec.pixel_size_um,
-                            workers=ctx.workers)
-            del res
-            log.info("CH%d: EDF (%s) from %d of %d planes", ch, kind, len(kept), stack.shape[0])
-
-
-def _fault_masks(bad: list[dict], footprints: list, shape):
-    """invalid(z) for the EDF: the mosaic footprints of plane z's faulty tiles (None: none)."""
-    def invalid(z):
-        if not bad[z]:
-            return None
-        mask = np.zeros(shape, bool)
-        for t in bad[z]:
-            y, x, h, w = footprints[t]
-            mask[y:y + h, x:x + w] = True
-        return mask
-    return invalid
-
-
-# ----------------------------------------------------------------------------- registration
-#: registration's two kinds of image: (EDF input, registered output, plex output) of the stage registry
-REGISTERED_KINDS = {"quantification": ("edf", "registered", "plex"),
-                    "deconvolved": ("edf_deconvolved", "registered_deconvolved", "plex_deconvolved")}
-
-
-def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out) -> list:
-    """Align every cycle's EDFs to the reference cycle; write registered channels, shifts, plex files.
-
-    ``inputs`` / ``out``: the stage's named inputs and outputs (the rule's snakemake.input / output):
-    per-cycle-and-channel lists (cycle-major) "edf", "edf_deconvolved" -> "registered",
-    "registered_deconvolved"; "shifts", "markers", "plex", "plex_deconvolved" one path each. The shifts
-    are measured on the quantification EDF and move both kinds.
-    """
-    xp = ctx.xp
-    src = {kind: by_cycle_and_channel(specs, list(inputs[i])) for kind, (i, _, _) in REGISTERED_KINDS.items()}
-    dst = {kind: by_cycle_and_channel(specs, list(out[r])) for kind, (_, r, _) in REGISTERED_KINDS.items()}
-    by_key = {s.key: s for s in specs}
-    ref_cycle = reg_cfg.get("reference_cycle") or specs[0].cycle
-    ref_key = f"cyc{ref_cycle:03d}"
-    ref_ch = reg_cfg["reference_channel"]
-    first = next(iter(src))
-    reference = xpmod.to_device(read_tiff(src[first][ref_key][ref_ch]).astype(np.float32), xp)
-    shape = tuple(reference.shape)
-    shifts, names, residual = [], [], {}
-    registered: dict = {kind: [] for kind in src}
-    advance = ctx.progress("register cycles", len(specs))
-    for spec in specs:
-        moving = reference if spec.key == ref_key else \
-            xpmod.to_device(read_tiff(src[first][spec.key][ref_ch]).astype(np.float32), xp)
-        if spec.key == ref_key:
-            s = registration.Transform(spec.key, "translation", 0.0, 0.0, significance=float("inf"))
-        else:
-            s = registration.register_cycle(reference, moving, spec.key, reg_cfg["model"], reg_cfg["block_px"],
-                                            reg_cfg["smoothness"], reg_cfg["max_local_px"])
-        shifts.append(s)
-        log.info("%s: %s model: shift (%.3f, %.3f) px, rotation %.4f deg, significance %.1f (threshold %.1f); "
-                 "%d of %d blocks measured", spec.key, s.model, s.dy, s.dx, s.rotation_deg, s.significance,
-                 s.threshold, s.blocks_reliable, s.blocks_total)
-        for ch in spec.channels:
-            names.append(spec.marker(ch))
-            for kind in src:
-                img = moving if (kind == first and ch == ref_ch) else \
-                    xpmod.to_device(read_tiff(src[kind][spec.key][ch]).astype(np.float32), xp)
-                moved = registration.apply_transform(img, s, shape)
-                if kind == first and ch == ref_ch:          # what is left, block by block (held-out blocks)
-                    covered = xpmod.to_host(registration.coverage(tuple(img.shape), s, shape, xp))
-                    res, _ = registration.local_residuals(reference, moved, reg_cfg["block_px"], covered)
-                    residual[spec.key] = res
-                    if np.isfinite(res).any():
-                        log.info("%s: local residual after registration: worst %.3f px, median %.3f px over %d "
-                                 "blocks", spec.key, float(np.nanmax(res)), float(np.nanmedian(res)),
-                                 int(np.isfinite(res).sum()))
-                reg = xpmod.to_host(moved)
-                del moved
-                path = dst[kind][spec.key][ch]
-                write_plane(path, reg, spec.marker(ch), spec.pixel_size_um, workers=ctx.workers)
-                registered[kind].append(path)
-                del img, reg
-        del moving
-        advance()
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["cycle", "dy_px", "dx_px", "score", "rotation_deg", "residual_max_px", "residual_median_px"])
-    def px(v):
-        return f"{v:.3f}" if np.isfinite(v) else ""
-    for s in shifts:
-        r = residual.get(s.cycle, np.full(1, np.nan))
-        worst, med = (float(np.nanmax(r)), float(np.nanmedian(r))) if np.isfinite(r).any() else (np.nan, np.nan)
-        w.writerow([s.cycle, f"{s.dy:.3f}", f"{s.dx:.3f}", "reference" if s.cycle == ref_key else f"{s.significance:.2f}",
-                    f"{s.rotation_deg:.4f}", px(worst), px(med)])
-    write_text_atomic(out["shifts"], buf.getvalue())
-    write_text_atomic(out["transforms"], json.dumps(
-        {s.cycle: {**s.as_dict(), "block_px": reg_cfg["block_px"],
-                   "residual_px": [[None if not np.isfinite(v) else round(float(v), 3) for v in row]
-                                   for row in residual.get(s.cycle, np.zeros((0, 0)))]} for s in shifts}))
-    cycles = [spec.cycle for spec in specs for _ in spec.channels]
-    unique = unique_channel_names(names, cycles)
-    write_text_atomic(out["markers"], markers_csv(unique, cycles))
-    for kind, paths_ in registered.items():
-        plex = out[REGISTERED_KINDS[kind][2]]
-        levels = write_pyramidal_ome(plex, lambda c, p=paths_: read_tiff(p[c]), len(paths_), unique,
-                                     by_key[ref_key].pixel_size_um, dtype=reg_cfg.get("plex_dtype", "uint16"),
-                                     workers=ctx.workers)
-        log.info("%s: %d channels, %d pyramid levels (%s)", Path(plex).name, len(paths_), levels, kind)
-    return shifts
-
-
-def unique_channel_names(names: list[str], cycles: list[int]) -> list[str]:
-    """Channel names of the plex file, unique: a marker that repeats (DAPI in every cycle) keeps
-    its name the first time and gets its cycle after it (DAPI_cyc002) every later time, so QuPath
-    and MCMICRO can match channels by name."""
-    seen: set[str] = set()
-    out = []
-    for name, cycle in zip(names, cycles):
-        unique = name if name not in seen else f"{name}_cyc{cycle:03d}"
-        k = 2
-        while unique in seen:                       # the same marker twice in one cycle
-            unique, k = f"{name}_cyc{cycle:03d}_{k}", k + 1
-        seen.add(unique)
-        out.append(unique)
-    return out
-
-
-def markers_csv(names: list[str], cycles: list[int]) -> str:
-    """MCMICRO's markers.csv: channel_number (from 1, the plex file's order), cycle_number, marker_name."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["channel_number", "cycle_number", "marker_name"])
-    for i, (name, cycle) in enumerate(zip(names, cycles), start=1):
-        w.writerow([i, cycle, name])
-    return buf.getvalue()
-
-
-def by_cycle_and_channel(specs: list[CycleSpec], paths: list[str]) -> dict:
-    """{cycle_key: {channel: path}} from a cycle-major, channel-minor list of paths."""
-    it = iter(paths)
-    out = {s.key: {ch: next(it) for ch in s.channels} for s in specs}
-    if next(it, None) is not None:
-        raise ValueError("more paths than cycles x channels")
-    return out
