@@ -6,7 +6,10 @@ reads, per allocation: sacct's Start/End/Elapsed (1 s resolution), the stages it
 records name (their elapsed: stage seconds, from the job context's start to its end), and the first
 timestamped line of its first stage's log (start-up = that line - sacct Start).
 
-    python bench/allocation_startup.py --cycles 4 --label after
+    python bench/allocation_startup.py --cycles 4 30 --label after
+    python bench/allocation_startup.py --cycles 3 --grid 6 --tile 192 --channels 2 --label after   # demo size
+
+Where a stage fails (the synthetic data) the run stops with its log: the numbers are of complete runs.
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ def first_log_time(log: Path) -> float | None:
     return None
 
 
-def run(cycles: int, tile: int) -> dict:
+def run(cycles: int, grid: int, tile: int, channels: int, jobs: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="plexgpu-alloc-", dir="/tmp"))
-    SynthDataset(SynthSpec(cycles=cycles, rows=2, cols=2, tile=(tile, tile), z_planes=5, channels=1,
+    SynthDataset(SynthSpec(cycles=cycles, rows=grid, cols=grid, tile=(tile, tile), z_planes=5, channels=channels,
                            seed=5)).write(tmp / "raw")
     small = {"cpus_per_task": 1, "mem_mb": 400, "runtime": 10}
     cfg = tmp / "config.yaml"
@@ -63,9 +66,10 @@ def run(cycles: int, tile: int) -> dict:
     run_name = run_prefix(prefix, tmp / "results", tmp)
     t0 = time.time()
     res = subprocess.run([sys.executable, "-m", "snakemake", "registration", "--configfile", str(cfg),
-                          "--profile", str(prof), *run_options(run_name, tmp / "results", tmp), "-j", "5",
+                          "--profile", str(prof), *run_options(run_name, tmp / "results", tmp), "-j", str(jobs),
                           "-s", str(HERE.parent / "Snakefile"), "-d", str(tmp),
-                          "--slurm-init-seconds-before-status-checks", "3", "--latency-wait", "5"],
+                          "--slurm-init-seconds-before-status-checks", "3", "--latency-wait", "5",
+                          "--slurm-keep-successful-logs"],
                          capture_output=True, text=True)
     wall = time.time() - t0
     if res.returncode != 0:
@@ -88,16 +92,18 @@ def run(cycles: int, tile: int) -> dict:
                        "allocated_s": parse_elapsed(s["Elapsed"]),
                        "stage_s": sum(r["elapsed_s"] for r in recs),
                        "startup_s": None if t_log is None else t_log - start,
+                       "between_stages_s": sum(b["start"] - a["end"] for a, b in zip(recs, recs[1:])),
                        "after_last_stage_s": datetime.fromisoformat(s["End"]).timestamp() - recs[-1]["end"]})
     cycle_allocs = [a for a in allocs if a["cycle"]]
     allocated = sum(a["allocated_s"] for a in allocs)
     stage = sum(a["stage_s"] for a in allocs)
     startups = [a["startup_s"] for a in allocs if a["startup_s"] is not None]
-    return {"cycles": cycles, "tile": tile, "wall_s": wall,
+    return {"cycles": cycles, "jobs": jobs, "grid": f"{grid}x{grid}", "tile": tile, "channels": channels, "wall_s": wall,
             "allocations": len(allocs), "allocations_per_cycle": len(cycle_allocs) / cycles,
             "startup_median_s": statistics.median(startups), "startup_max_s": max(startups),
             "startup_min_s": min(startups),
             "after_last_stage_median_s": statistics.median(a["after_last_stage_s"] for a in allocs),
+            "between_stages_median_s": statistics.median(a["between_stages_s"] for a in cycle_allocs),
             "allocated_s": allocated, "stage_s": stage, "stage_over_allocated": stage / allocated,
             "per_allocation": sorted(allocs, key=lambda a: int(a["job_id"]))}
 
@@ -105,13 +111,19 @@ def run(cycles: int, tile: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, nargs="+", default=[4])
+    ap.add_argument("--grid", type=int, default=3, help="tiles per row and column")
     ap.add_argument("--tile", type=int, default=96)
+    ap.add_argument("--channels", type=int, default=1)
+    ap.add_argument("-j", "--jobs", type=int, default=5,
+                    help="GPU jobs at once (5: the accounts' slots; 1: each allocation alone on the test machine's "
+                         "2 cores, as a job has its own cores on a real node)")
     ap.add_argument("--label", required=True, help="e.g. before / after: the row's name in the results file")
     args = ap.parse_args()
     data = json.loads(OUT.read_text()) if OUT.exists() else {"benchmark": "allocation_startup", "runs": {}}
     for n in args.cycles:
-        row = run(n, args.tile)
-        data["runs"][f"{args.label} {n} cycles"] = dict(row, when=time.strftime("%Y-%m-%d %H:%M"))
+        row = run(n, args.grid, args.tile, args.channels, args.jobs)
+        size = f"{n} cycles {args.grid}x{args.grid} x {args.tile} px x {args.channels} ch -j {args.jobs}"
+        data["runs"][f"{args.label} {size}"] = dict(row, when=time.strftime("%Y-%m-%d %H:%M"))
         print(json.dumps({k: v for k, v in row.items() if k != "per_allocation"}, indent=1))
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(data, indent=1))
