@@ -22,11 +22,9 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import paths
 from .experiment import Experiment, resolve_experiment
 from .io.tiff import atomic_path
-
-MANIFEST = ".plexgpu/run-manifest.pickle"
-
 
 @dataclass
 class Manifest:
@@ -36,7 +34,7 @@ class Manifest:
 
 
 def manifest_path(config: dict) -> Path:
-    return Path(config["results_dir"]) / MANIFEST
+    return Path(config["results_dir"]) / paths.RUN_MANIFEST
 
 
 def run_key(config: dict) -> str:

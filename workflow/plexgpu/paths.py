@@ -14,6 +14,7 @@ from pathlib import Path
 
 ACCOUNTING = "accounting/jobs"
 QC_INDEX = "qc/index.html"
+RUN_MANIFEST = ".plexgpu/run-manifest.pickle"  # what the coordinator resolved, read by the jobs
 
 
 @dataclass(frozen=True)

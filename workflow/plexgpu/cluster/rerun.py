@@ -135,12 +135,13 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
               for st in paths.PIPELINE if not st.per_cycle]
     for cycle, stage, key, files in items:
         partial = any(os.path.realpath(f) in incomplete for f in files)
-        if key in running and (partial or not all(f.exists() for f in files)):
+        complete = all(f.exists() for f in files)
+        if key in running and (partial or not complete):
             j = running[key]        # (a stage its group job has finished already is done)
             out.append(StageState(cycle, stage, "running", f"job {j['JobID']}, account {j['Account']}, {j['State']}"))
         elif partial:
             out.append(StageState(cycle, stage, "incomplete", "started, never finished (partial outputs)"))
-        elif all(f.exists() for f in files):
+        elif complete:
             out.append(StageState(cycle, stage, "done"))
         elif key in history and history[key]["State"].split()[0] in slurm.FAILED_STATES:
             h = history[key]
