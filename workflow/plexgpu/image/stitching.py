@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import xp as xpmod
+from . import texture
 from .phasecorr import ncc, noise_threshold, phase_correlation
 from .subpixel import shift_fraction
 
@@ -78,6 +79,9 @@ class Pair:
     clear: bool = False          # its best peak anywhere is above noise and unambiguous
     agrees: bool = False         # ... and lies within the stage model's window
     content: float = 0.0         # mean intensity of the dimmer of its two strips (tissue or bare slide)
+    texture_a: float = 0.0       # structure above noise of a's strip and of b's (texture.measure: snr)
+    texture_b: float = 0.0
+    off_model: tuple[float, float] | None = None   # a clear match outside the window: b's offset from the model there
 
 
 @dataclass
@@ -119,10 +123,11 @@ class StitchModel:
         out = io.StringIO()
         w = csv.writer(out, lineterminator="\n")
         w.writerow(["tile_a", "tile_b", "direction", "dy_px", "dx_px", "significance", "ambiguity", "ncc",
-                    "accepted", "reason"])
+                    "accepted", "reason", "texture_a", "texture_b", "off_model_dy_px", "off_model_dx_px"])
         for p in self.pairs:
             w.writerow([p.a + 1, p.b + 1, p.direction, f"{p.dy:.3f}", f"{p.dx:.3f}", f"{p.significance:.2f}",
-                        f"{p.ambiguity:.3f}", f"{p.ncc:.4f}", int(p.accepted), p.reason])
+                        f"{p.ambiguity:.3f}", f"{p.ncc:.4f}", int(p.accepted), p.reason, f"{p.texture_a:.2f}",
+                        f"{p.texture_b:.2f}", *([f"{v:.2f}" for v in p.off_model] if p.off_model else ["", ""])])
         w.writerow([])
         w.writerow(["# significance threshold", f"{self.threshold:.2f}"])
         if self.stage is not None:
@@ -164,9 +169,10 @@ def _strips(ta, tb, direction: str, step: tuple[int, int]):
     return ta[step[0]:, :], tb[:h - step[0], :]
 
 
-def _content(ta, tb, direction, step) -> float:
-    sa, sb = _strips(ta, tb, direction, step)
-    return min(float(sa.mean()), float(sb.mean()))
+def _content(ta, tb, direction, step) -> tuple[float, float, float]:
+    """(mean intensity of the dimmer strip, structure of a's strip, of b's) at the nominal step."""
+    ka, kb = (texture.measure(s) for s in _strips(ta, tb, direction, step))
+    return min(ka.light, kb.light), ka.snr, kb.snr
 
 
 def _measure(ta, tb, direction, step, near=None, radius=None) -> tuple[float, float, float, float, int, float]:
@@ -239,7 +245,7 @@ def register_pairs(tiles, layout, step, max_shift_px: float | None = None) -> tu
     for p in pairs:
         p.dy, p.dx, p.significance, p.ambiguity, n, p.ncc = _measure(tiles[p.a], tiles[p.b], p.direction, step)
         p.clear = p.significance >= noise_threshold(n) and p.ambiguity <= MAX_AMBIGUITY
-        p.content = _content(tiles[p.a], tiles[p.b], p.direction, step)
+        p.content, p.texture_a, p.texture_b = _content(tiles[p.a], tiles[p.b], p.direction, step)
     stage = fit_stage_model([p for p in pairs if p.clear], max_shift_px)
     null = window_null(tiles, pairs, step, stage)
     null_sig = float(np.quantile(null, NULL_QUANTILE)) if len(null) >= MIN_NULL else 0.0
@@ -250,6 +256,8 @@ def register_pairs(tiles, layout, step, max_shift_px: float | None = None) -> tu
             p.agrees = p.clear
             n = _window_positions(stage.window)
         else:                                        # its best peak lies elsewhere: the best one inside
+            if p.clear:
+                p.off_model = (p.dy - near[0], p.dx - near[1])
             p.dy, p.dx, p.significance, p.ambiguity, n, p.ncc = _measure(
                 tiles[p.a], tiles[p.b], p.direction, step, near=near, radius=stage.window)
         thr = max(noise_threshold(n), null_sig)
@@ -258,11 +266,27 @@ def register_pairs(tiles, layout, step, max_shift_px: float | None = None) -> tu
         if p.accepted:
             p.reason = ""
         elif p.clear:
-            p.reason = (f"clear match outside the stage model's window ({stage.window:.1f} px), "
-                        f"nothing significant inside ({p.significance:.1f} < {thr:.1f})")
+            p.reason = (f"clear match {max(map(abs, p.off_model)):.1f} px from the stage model, outside its window "
+                        f"({stage.window:.1f} px), nothing significant inside ({p.significance:.1f} < {thr:.1f})")
         else:
-            p.reason = f"not significant ({p.significance:.1f} < {thr:.1f}): blank or featureless overlap"
+            p.reason = f"not significant ({p.significance:.1f} < {thr:.1f}): " + _why_no_match(p)
     return pairs, stage, threshold
+
+
+def _why_no_match(p: Pair) -> str:
+    """Why a pair found nothing. The two strips image the same patch of slide with the same optics, so
+    they hold texture alike: neither (bare slide, out of focus: nothing to lock onto), one only (they
+    do not show the same patch: a blank frame or a tile of another field), or both, matching at no
+    offset (a tile of another field or specimen, or neighbours that are not)."""
+    ka, kb = p.texture_a, p.texture_b
+    structure = f"(structure {ka:.1f} and {kb:.1f} noise sigmas)"
+    if max(ka, kb) < texture.MIN_TEXTURE_SNR:
+        return f"no texture on either side {structure}: bare slide, blank or out of focus"
+    if min(ka, kb) < texture.MIN_TEXTURE_SNR:
+        empty, full = (p.a, p.b) if ka < kb else (p.b, p.a)
+        return (f"texture in tile {full + 1}'s side, none in tile {empty + 1}'s {structure}: they do not show the "
+                "same patch")
+    return f"texture on both sides {structure} that matches at no offset: a tile of another field, or a wrong grid"
 
 
 def window_null(tiles, pairs: list[Pair], step, stage: StageModel) -> list[float]:
@@ -297,6 +321,22 @@ def tissue_pairs(pairs: list[Pair]) -> list[Pair]:
         return []
     bright = float(np.percentile([p.content for p in pairs], 90))
     return [p for p in pairs if bright > 0 and p.content >= TISSUE_FRACTION * bright]
+
+
+def focus_problem(pairs: list[Pair]) -> str | None:
+    """Why too few pairs whose overlaps carry light match, where most of those rejected hold no texture
+    on either side: light without detail is a cycle out of focus (or a stain too faint), not a wrong
+    grid (whose overlaps keep their texture, mismatched). None where that is not the case."""
+    tissue = tissue_pairs(pairs)
+    rejected = [p for p in tissue if not p.accepted]
+    flat = [p for p in rejected if max(p.texture_a, p.texture_b) < texture.MIN_TEXTURE_SNR]
+    if len(tissue) >= MIN_GATE_PAIRS and len(rejected) > (1 - MIN_TISSUE_ACCEPTED) * len(tissue) \
+            and len(flat) > len(rejected) / 2:
+        median = float(np.median([max(p.texture_a, p.texture_b) for p in flat]))
+        return (f"only {len(tissue) - len(rejected)} of {len(tissue)} neighbouring tile pairs whose overlaps carry "
+                f"light match, and {len(flat)} of those rejected hold no texture (median structure {median:.1f} noise "
+                "sigmas): the cycle is out of focus or its reference channel too faint to stitch")
+    return None
 
 
 def grid_problem(pairs: list[Pair]) -> str | None:

@@ -176,6 +176,9 @@ def _stitching_model(ctx: JobContext, spec: CycleSpec, stitch_cfg: dict, fit, re
             log.info("  pair %d-%d rejected: %s", p.a + 1, p.b + 1, p.reason)
     write_text_atomic(out["positions"], model.positions_csv())
     write_text_atomic(out["pairs"], model.pairs_csv())
+    problem = stitching.focus_problem(model.pairs)
+    if problem:
+        raise stitching.StitchQualityError(f"{spec.key}: {problem}; pairs: {out['pairs']}")
     problem = stitching.grid_problem(model.pairs)
     if problem:
         raise stitching.StitchQualityError(
