@@ -2,7 +2,8 @@
 #
 #   plexgpu plan --configfile config/config.yaml     (prints the exact command for SLURM)
 #   snakemake registration --configfile config/config.yaml --profile profiles/slurm --slurm-jobname-prefix ...
-#   snakemake qc --configfile config/config.yaml          (CPU only, never holds a GPU)
+#   snakemake qc --configfile config/config.yaml          (CPU only, never holds a GPU; after the run:
+#                                                          it reads what exists, failed stages included)
 #
 # Targets go BEFORE --configfile: --configfile takes several values.
 
@@ -18,7 +19,6 @@ rule all:
     default_target: True
     input:
         FINAL_OUTPUTS,
-        QC_INDEX,
 
 
 include: "rules/cycle.smk"

@@ -14,7 +14,7 @@ from plexgpu.cluster.assignment import (
     check_known_accounts,
     registration_slot,
 )
-from plexgpu import paths
+from plexgpu import paths, qc_state
 from plexgpu.config import ConfigError, validate_config
 from plexgpu.experiment import cycle_spec
 from plexgpu.manifest import resolve_run, write_manifest
@@ -105,9 +105,37 @@ def flat(outputs):
     return [f for v in outputs.values() for f in ([v] if isinstance(v, str) else v)]
 
 
+def stage_folders(*stages):
+    """The folders a stage writes its files in: what a QC rule takes as input (QC reads what exists;
+    rules/qc.smk says why)."""
+    return sorted({str(Path(p).parent) for s in stages for p in flat(stage_outputs(s))})
+
+
+def stage_files_of(stage):
+    """A stage's named outputs for the job's cycle, as the QC function reads them (a params function)."""
+    return lambda wildcards: paths.outputs(stage, R, CHANNELS, getattr(wildcards, "cycle", ""), CYCLES)
+
+
 FINAL_OUTPUTS = flat(stage_outputs(paths.PIPELINE[-1].name))  # the last stage's files: target `all`
 QC_INDEX = f"{R}/{paths.QC_INDEX}"
 ACCOUNTING = f"{R}/{paths.ACCOUNTING}"  # one record per GPU job, written by the job itself
+
+
+def qc_inputs(wildcards):
+    """The QC metrics of every (stage, cycle) whose stage is done, and the job records (their folder:
+    a failure recorded changes the page)."""
+    out = {
+        s.name: [
+            f"{R}/qc/{s.name}/{c}.json" for c in CYCLES if qc_state.qc_ready(R, s.name, c, CHANNELS, CYCLES)
+        ]
+        for s in paths.PIPELINE
+        if s.per_cycle
+    }
+    out["registration"] = (
+        [f"{R}/qc/registration.json"] if qc_state.qc_ready(R, "registration", "", CHANNELS, CYCLES) else []
+    )
+    out["records"] = [ACCOUNTING] if Path(ACCOUNTING).is_dir() else []
+    return out
 
 
 # Each account's GPU slots are a global resource `gpu_<account>` = its gpu_slots (unless the user

@@ -12,7 +12,7 @@ rule stitch:
     output:
         **stage_outputs("stitch"),
     log:
-        f"{R}/logs/stitch/{{cycle}}.log",
+        f"{R}/{paths.log_file('stitch', '{cycle}')}",
     group:
         CYCLE_GROUP
     conda:
@@ -37,7 +37,7 @@ rule deconvolve:
     output:
         **stage_outputs("deconvolve"),
     log:
-        f"{R}/logs/deconvolve/{{cycle}}.log",
+        f"{R}/{paths.log_file('deconvolve', '{cycle}')}",
     group:
         CYCLE_GROUP
     conda:
@@ -63,7 +63,7 @@ rule edf:
     output:
         **stage_outputs("edf"),
     log:
-        f"{R}/logs/edf/{{cycle}}.log",
+        f"{R}/{paths.log_file('edf', '{cycle}')}",
     group:
         CYCLE_GROUP
     conda:

@@ -9,7 +9,7 @@ rule registration:
     output:
         **stage_outputs("registration"),
     log:
-        f"{R}/logs/registration/registration.log",
+        f"{R}/{paths.log_file('registration')}",
     conda:
         "../envs/plexgpu.yaml"
     threads: res("registration", "cpus_per_task")

@@ -10,5 +10,5 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
 with job_context("qc_decon", sm.log[0], sm.resources, "cpu"):
-    qc.qc_decon(sm.wildcards.cycle, list(sm.input.stitched), list(sm.input.deconvolved), sm.input.flux,
-                sm.output.png, sm.output.metrics)
+    qc.qc_decon(sm.wildcards.cycle, sm.params.stitch["stitched"], sm.params.deconvolve["deconvolved"],
+                sm.params.deconvolve["flux"], sm.output.png, sm.output.metrics)

@@ -10,5 +10,5 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
 with job_context("qc_edf", sm.log[0], sm.resources, "cpu"):
-    qc.qc_edf(sm.wildcards.cycle, list(sm.input.edf), list(sm.input.focus), sm.input.planes, sm.output.png,
-              sm.output.metrics)
+    qc.qc_edf(sm.wildcards.cycle, sm.params.edf["edf"], sm.params.edf["focus"], sm.params.stitch["planes"],
+              sm.output.png, sm.output.metrics)

@@ -10,4 +10,4 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
 with job_context("qc", sm.log[0], {"cpus_per_task": 1}, "cpu"):  # a local rule: one process, its log
-    qc_page.write_index(sm.output.html, sm.output.metrics, sm.input)
+    qc_page.write_index(sm.output.html, sm.output.metrics, sm.input, sm.params.cycles, sm.params.channels)

@@ -10,5 +10,8 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
 with job_context("qc_registration", sm.log[0], sm.resources, "cpu"):
-    qc.qc_registration(sm.input.shifts, sm.input.transforms, list(sm.input.reference), sm.params.cycles,
-                       list(sm.output.overlays), sm.output.metrics)
+    reg = sm.params.registration
+    per_cycle = len(reg["registered"]) // len(sm.params.cycles)          # cycle-major, channel-minor
+    reference = reg["registered"][sm.params.channels.index(sm.params.reference_channel)::per_cycle]
+    qc.qc_registration(reg["shifts"], reg["transforms"], reference, sm.params.cycles, list(sm.output.overlays),
+                       sm.output.metrics)

@@ -10,5 +10,7 @@ from plexgpu.job import job_context
 
 sm = snakemake  # noqa: F821
 with job_context("qc_stitch", sm.log[0], sm.resources, "cpu"):
-    qc.qc_stitch(sm.wildcards.cycle, list(sm.input.profiles), sm.input.pairs, sm.input.planes, sm.input.reference[0],
-                 sm.output.png, sm.output.shading, sm.output.metrics)
+    st = sm.params.stitch
+    qc.qc_stitch(sm.wildcards.cycle, st["profiles"], st["pairs"], st["planes"],
+                 st["stitched"][sm.params.channels.index(sm.params.reference_channel)], sm.output.png,
+                 sm.output.shading, sm.output.metrics)

@@ -67,4 +67,10 @@ def test_tile_graph_colours_pairs_by_ncc_and_marks_rejected():
     mid = pic[50, 150]
     assert tuple(mid) == qc.ncc_colour(1.0) and mid[1] > mid[0]                 # green: a good seam
     pic = qc.tile_graph_picture(plane, footprints, [{"tile_a": "1", "tile_b": "2", "accepted": "0", "ncc": "0.2"}])
-    assert tuple(pic[50, 150]) == (150, 0, 0)                                   # rejected: dark red
+    line = pic[48:53, 95:206]                                                   # between the two tile numbers
+    magenta = (line == qc.REJECTED_COLOUR).all(axis=-1).any(axis=0)
+    assert 0.3 < magenta.mean() < 0.7                                           # rejected: dashed magenta
+    # each tile's number at its centre, white on black
+    for cx in (80, 220):
+        box = pic[40:61, cx - 12:cx + 13]
+        assert (box > 200).all(axis=-1).sum() > 5 and (box == 0).all(axis=-1).sum() > 20   # (anti-aliased)

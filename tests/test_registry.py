@@ -72,8 +72,12 @@ def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path)
         metrics[stage] = [str(p)]
     (qc_dir / "registration.json").write_text(json.dumps({"reasons": [], "reference_cycle": "cyc001",
                                                           "overlay": "", "shifts": []}))
-    metrics["registration"] = str(qc_dir / "registration.json")
-    qc_page.write_index(str(qc_dir / "index.html"), str(qc_dir / "metrics.json"), metrics)
+    metrics["registration"] = [str(qc_dir / "registration.json")]
+    for stage in paths.PIPELINE:                           # every stage done: its files are there
+        for f in paths.stage_files(tmp_path, stage.name, "cyc001", [1], ["cyc001"]):
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+    qc_page.write_index(str(qc_dir / "index.html"), str(qc_dir / "metrics.json"), metrics, ["cyc001"], [1])
     page = (qc_dir / "index.html").read_text()
     assert "<th>background</th>" in page and "no QC rule for this stage" in page
     assert page.index("<th>stitch</th>") < page.index("<th>background</th>") < page.index("<th>deconvolve</th>")

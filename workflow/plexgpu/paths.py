@@ -64,6 +64,12 @@ PIPELINE: tuple[Stage, ...] = (
 )
 
 
+def log_file(rule: str, cycle: str = "") -> str:
+    """A rule's log, relative to results_dir: ``logs/<rule>/<cycle>.log`` (``<rule>.log`` for a rule over
+    all cycles); ``cycle`` may be the ``{cycle}`` wildcard."""
+    return f"logs/{rule}/{cycle or rule}.log"
+
+
 def stage(name: str) -> Stage:
     for s in PIPELINE:
         if s.name == name:

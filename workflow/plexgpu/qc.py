@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .image import edf
+from .image import edf, texture
 from .io.tiff import StackReader, atomic_path, read_tiff, write_text_atomic
 from .planes import PlanesRecord
 
@@ -38,6 +38,10 @@ FLUX_WARN, FLUX_FAIL = 0.05, 0.2
 FOCUS_AT_END_FRACTION = 0.25
 MIN_REGISTERED_NCC = 0.5
 MAX_BLOCK_RESIDUAL_PX = 0.75       # a block further off than this after registration: warn (cells ~25 px)
+EMPTY_CONTRAST = 3.0               # a strip's structure over its neighbour's, beyond vignetting (<= 3x light:
+                                   # <= 1.7x structure under shot noise) and its scatter: not the same patch
+MIN_SHARPNESS_TO_REFERENCE = 0.7   # a cycle's reference channel with less detail than this of the reference
+                                   # cycle's, on the same tissue: defocused (or a z range that misses it)
 
 
 # ----------------------------------------------------------------------------- pictures
@@ -130,23 +134,123 @@ def _pairs(pairs_csv: str) -> list[dict]:
         return [r for r in csv.DictReader(fh) if r.get("tile_a", "").isdigit()]
 
 
+def _stage_window(pairs_csv: str) -> float:
+    """The stage model's window (px) pairs.csv records, 0 where it records none."""
+    with open(pairs_csv) as fh:
+        for row in csv.reader(fh):
+            if row and row[0].startswith("# stage model: spread"):
+                return float(row[2])
+    return 0.0
+
+
+def _tiles(numbers: list[int]) -> str:
+    return f"tile {numbers[0]}" if len(numbers) == 1 else "tiles " + ", ".join(map(str, numbers))
+
+
+def _texture(p: dict, tile: int) -> tuple[float, float]:
+    """(structure of ``tile``'s strip, of its neighbour's) in pair ``p`` (pairs.csv)."""
+    a, b = float(p.get("texture_a") or 0), float(p.get("texture_b") or 0)
+    return (a, b) if int(p["tile_a"]) == tile else (b, a)
+
+
+def _displaced(ps: list[dict], tile: int, window: float) -> float | None:
+    """At least two of the tile's pairs match clearly outside the stage model's window, and they agree
+    on where the tile is (within the window the neighbours themselves may be off by): a displaced tile,
+    not chance matches, which land anywhere."""
+    shifts = []
+    for p in ps:
+        if p.get("off_model_dy_px"):
+            d = np.array([float(p["off_model_dy_px"]), float(p["off_model_dx_px"])])
+            shifts.append(d if int(p["tile_b"]) == tile else -d)
+    if len(shifts) < 2:
+        return None
+    centre = np.median(shifts, axis=0)
+    agree = np.all(np.abs(np.array(shifts) - centre).max(axis=1) <= max(window, 1.0))
+    return float(np.hypot(*centre)) if agree else None
+
+
+def tile_problems(pairs: list[dict], window: float = 0.0) -> list[tuple[str, str]]:
+    """The tiles none of whose pairs was accepted, each judged on the evidence pairs.csv holds (every
+    pair's match and the structure above noise of its two strips, which image the same patch of slide),
+    one line per kind naming the tiles; each was placed by the stage model alone:
+
+    - two or more neighbours match it, all at one offset beyond the model's ``window`` (px) from
+      where the stage put it: warn (a stage error: the tile sits off by that much in the mosaic);
+    - a neighbour shows clear texture (EMPTY_CONTRAST x the texture bound: more than vignetting or
+      noise can explain) where this tile shows none: fail (a blank frame, or a tile of another field
+      or of bare slide);
+    - texture on both sides that matches at no offset: fail (a tile of another field or specimen);
+    - no texture on either side of any overlap: warn (bare slide or out of focus: nothing to align
+      on, expected at the edge of a section)."""
+    by_tile: dict[int, list[dict]] = {}
+    for p in pairs:
+        for t in (int(p["tile_a"]), int(p["tile_b"])):
+            by_tile.setdefault(t, []).append(p)
+    kinds: dict[str, list] = {"off": [], "empty": [], "foreign": [], "bare": []}
+    for t, ps in sorted(by_tile.items()):
+        if any(p["accepted"] == "1" for p in ps):
+            continue
+        own_other = [_texture(p, t) for p in ps]
+        off = _displaced(ps, t, window)
+        if off is not None:
+            kinds["off"].append((t, off))
+        elif any(own < texture.MIN_TEXTURE_SNR <= other / EMPTY_CONTRAST for own, other in own_other):
+            kinds["empty"].append(t)
+        elif any(min(own, other) >= texture.MIN_TEXTURE_SNR for own, other in own_other):
+            kinds["foreign"].append(t)
+        else:
+            kinds["bare"].append(t)
+    out = []
+    if kinds["empty"]:
+        out.append(("fail", f"{_tiles(kinds['empty'])}: no texture where a neighbour shows tissue in the same overlap "
+                            "(a blank frame: shutter, lamp, a dropped frame; or a tile of another field); placed by "
+                            "the stage model"))
+    if kinds["foreign"]:
+        out.append(("fail", f"{_tiles(kinds['foreign'])}: tissue that matches none of its neighbours at any offset "
+                            "(a tile of another field or specimen?); placed by the stage model"))
+    for t, off in kinds["off"]:
+        out.append(("warn", f"tile {t}: its neighbours match it {off:.0f} px from where the stage put it, beyond the "
+                            f"stage model's window ({window:.1f} px): a stage error, so it sits off by that much "
+                            "(stitch.max_shift_px widens the window); placed by the stage model"))
+    if kinds["bare"]:
+        out.append(("warn", f"{_tiles(kinds['bare'])}: no texture in any overlap (bare slide or out of focus); "
+                            "placed by the stage model"))
+    return out
+
+
+REJECTED_COLOUR = (255, 0, 255)   # magenta: apart from the NCC scale and from grey tissue, dark or bright
+
+
+def _dashed(draw, a, b, fill, width, dash: float = 6.0) -> None:
+    (ax, ay), (bx, by) = a, b
+    n = max(1, int(np.hypot(bx - ax, by - ay) // dash))
+    for k in range(0, n, 2):
+        t0, t1 = k / n, min(1.0, (k + 1) / n)
+        draw.line([(ax + t0 * (bx - ax), ay + t0 * (by - ay)), (ax + t1 * (bx - ax), ay + t1 * (by - ay))],
+                  fill=fill, width=width)
+
+
 def tile_graph_picture(mosaic_plane, footprints: list, pairs: list[dict]) -> np.ndarray:
     """The mosaic (grey) with a line between the centres of every pair: coloured by NCC where
-    accepted, thin dark red where rejected; a dot at each tile centre."""
-    from PIL import Image, ImageDraw
+    accepted, dashed magenta where rejected; each tile's number at its centre, white on a dark box."""
+    from PIL import Image, ImageDraw, ImageFont
 
     step = max(1, int(np.ceil(max(mosaic_plane.shape) / THUMB_PX)))
     img = Image.fromarray(_gray_rgb(_stretch(np.asarray(mosaic_plane[::step, ::step]))))
     draw = ImageDraw.Draw(img)
+    font = ImageFont.load_default(size=max(12, max(img.size) // 40))   # ~11 px where the page shows it 460 wide
     centre = [((x + w / 2) / step, (y + h / 2) / step) for y, x, h, w in footprints]
     for p in pairs:
         a, b = centre[int(p["tile_a"]) - 1], centre[int(p["tile_b"]) - 1]
         if p["accepted"] == "1":
             draw.line([a, b], fill=ncc_colour(float(p["ncc"])), width=3)
         else:
-            draw.line([a, b], fill=(150, 0, 0), width=1)
-    for cx, cy in centre:
-        draw.ellipse([cx - 2, cy - 2, cx + 2, cy + 2], fill=(255, 255, 255))
+            _dashed(draw, a, b, REJECTED_COLOUR, 3)
+    for t, (cx, cy) in enumerate(centre, start=1):
+        label = str(t)
+        x0, y0, x1, y1 = draw.textbbox((cx, cy), label, font=font, anchor="mm")
+        draw.rectangle([x0 - 2, y0 - 1, x1 + 2, y1 + 1], fill=(0, 0, 0))
+        draw.text((cx, cy), label, fill=(255, 255, 255), font=font, anchor="mm")
     return np.asarray(img)
 
 
@@ -179,7 +283,7 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
 
     accepted = [p for p in pairs if p["accepted"] == "1"]
     ncc = [float(p["ncc"]) for p in accepted]
-    problems = []
+    problems = tile_problems(pairs, _stage_window(pairs_csv))
     if pairs and len(accepted) < MIN_ACCEPTED_FRACTION * len(pairs):
         problems.append(("warn", f"{len(accepted)} of {len(pairs)} pairs matched: the other tiles are placed by "
                                  "the stage model (expected on bare slide, not in tissue)"))
@@ -262,8 +366,13 @@ def qc_edf(cycle: str, edf_paths: list[str], focus_paths: list[str], planes_json
         nz = len(stats)
         kept, bad = edf.quality_gate(stats)
         at_end = float(((f <= 0.5) | (f >= nz - 1.5)).mean()) if nz > 2 else 0.0
+        structure = texture.measure(e).snr
         per_channel[name] = {"planes": nz, "planes_kept": len(kept), "tiles_left_out": sum(len(b) for b in bad),
-                             "focus_at_stack_end": at_end, "focus_index_median": float(np.median(f))}
+                             "focus_at_stack_end": at_end, "focus_index_median": float(np.median(f)),
+                             "structure_snr": structure}
+        if structure < texture.MIN_TEXTURE_SNR:
+            problems.append(("warn", f"{name}: no structure above the noise ({structure:.1f} noise sigmas): a bleached "
+                                     "or absent marker, or an empty channel"))
         if len(kept) < nz:
             problems.append(("warn", f"{name}: {nz - len(kept)} of {nz} planes left out (dropped frames or saturation)"))
         if any(bad):
@@ -288,6 +397,16 @@ def _ncc(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum()) / den if den > 0 else 0.0
 
 
+def sharpness(img: np.ndarray) -> float:
+    """Detail at the scale of cells: mean gradient magnitude of the image smoothed by one pixel (pixel
+    noise left out), over its mean intensity (so exposure and stain strength do not count)."""
+    from scipy import ndimage
+
+    a = ndimage.gaussian_filter(np.asarray(img, np.float32), 1.0)
+    gy, gx = np.gradient(a)
+    return float(np.mean(np.hypot(gy, gx)) / max(float(np.mean(a)), 1e-12))
+
+
 def residual_picture(residual: list[list], height: int) -> np.ndarray:
     """The local residual after registration on its block grid, viridis over 0..MAX_BLOCK_RESIDUAL_PX
     (brighter: worse), grey where a block could not be measured, scaled to ``height`` rows."""
@@ -308,12 +427,22 @@ def qc_registration(shifts_csv: str, transforms_json: str, registered_ref: list[
     transforms = json.loads(Path(transforms_json).read_text())
     ref_cycle = next(s["cycle"] for s in shifts if s["score"] == "reference")
     images = dict(zip(cycles, registered_ref))
-    ref = _thumb(read_tiff(images[ref_cycle]), THUMB_PX)
+    ref_full = read_tiff(images[ref_cycle])
+    ref, ref_sharpness = _thumb(ref_full, THUMB_PX), sharpness(ref_full)
+    del ref_full
     ref01 = _stretch(ref)
     problems, per_cycle = [], {}
     for cycle, png in zip(cycles, overlays):
-        img = _thumb(read_tiff(images[cycle]), THUMB_PX)
-        per_cycle[cycle] = {"ncc_to_reference": _ncc(img, ref)}
+        full = read_tiff(images[cycle])
+        img = _thumb(full, THUMB_PX)
+        per_cycle[cycle] = {"ncc_to_reference": _ncc(img, ref),
+                            "sharpness_to_reference": sharpness(full) / max(ref_sharpness, 1e-12)}
+        del full
+        sharp = per_cycle[cycle]["sharpness_to_reference"]
+        if sharp < MIN_SHARPNESS_TO_REFERENCE and cycle != ref_cycle:
+            problems.append(("warn", f"{cycle}: its reference channel holds {sharp:.0%} "
+                                     "of the reference cycle's detail on the same tissue: defocused, or a z range "
+                                     "that misses the section"))
         if per_cycle[cycle]["ncc_to_reference"] < MIN_REGISTERED_NCC and cycle != ref_cycle:
             problems.append(("warn", f"{cycle}: reference channel resembles the reference cycle with NCC "
                                      f"{per_cycle[cycle]['ncc_to_reference']:.2f} after registration"))
