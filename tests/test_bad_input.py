@@ -379,3 +379,142 @@ def test_a_symlink_loop_in_raw_dir_is_one_line(tmp_path):
     with pytest.raises(RawDataError) as err:
         resolve_experiment(_config(loop))
     assert "raw_dir" in _one_line(err)
+
+
+def test_a_raw_folder_dated_in_the_future_is_refused_naming_it(tmp_path):
+    """Every run would redo every stage (Snakemake finds the outputs older than their input) for ever."""
+    import time
+
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001")
+    ahead = time.time() + 365 * 86400
+    os.utime(raw / "cyc001_reg001", (ahead, ahead))
+    before = _listing(raw)
+    with pytest.raises(RawDataError) as err:
+        resolve_experiment(_config(raw))
+    msg = _one_line(err)
+    assert "cyc001_reg001: modified" in msg and "in the future" in msg and "touch -m" in msg
+    assert _listing(raw) == before
+    os.utime(raw / "cyc001_reg001", (time.time() + 60, time.time() + 60))      # clock skew between nodes: fine
+    resolve_experiment(_config(raw))
+
+
+def test_nan_pixels_in_a_float_tile_are_named_at_validate_and_in_the_job(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from plexgpu.experiment import cycle_spec
+    from plexgpu.stages._stitch import _read_plane
+
+    raw = tmp_path / "raw"
+    folder = raw / "cyc001_reg001"
+    folder.mkdir(parents=True)
+    for t in range(1, 5):
+        for z in range(1, 4):
+            tile = np.full((16, 16), 100.0 + t, np.float32)
+            if (t, z) == (3, 2):
+                tile[5, 7] = np.nan
+                tile[9, 1] = np.inf
+            tifffile.imwrite(folder / tile_filename(1, t, z, 1), tile)
+    with pytest.raises(TiffReadError) as err:
+        resolve_experiment(_config(raw), read_headers=True)
+    assert _one_line(err) == (f"{folder / tile_filename(1, 3, 2, 1)}: 2 NaN or infinite pixel(s), the first at y 5, "
+                              "x 7: not a camera's image; export the tiles again")
+    spec = cycle_spec(resolve_experiment(_config(raw)), 1)          # without validate: the stitch job says it
+    with ThreadPoolExecutor(1) as pool, pytest.raises(RawDataError) as err:
+        _read_plane(SimpleNamespace(pool=pool), spec, 1, 2)
+    assert _one_line(err).startswith(f"{folder / tile_filename(1, 3, 2, 1)}: 2 NaN or infinite pixel(s)")
+
+
+def test_a_full_disk_names_the_folder_being_written(tmp_path, monkeypatch):
+    """A write() that finds the disk full names no file: the message named the working directory."""
+    from plexgpu.job import job_context
+
+    out = tmp_path / "results" / "qc" / "stitch" / "cyc001.json"
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(DiskFullError) as err:
+        write_text_atomic(out, "{}")
+    assert err.value.strerror.startswith(f"cyc001.json: no space left on {out.parent}, ") and "\n" not in str(err.value)
+    assert not list(out.parent.iterdir())                                        # no .part left
+    with pytest.raises(SystemExit) as err:
+        with job_context("qc_stitch", None, {"cpus_per_task": 1}, "cpu"):
+            write_text_atomic(out, "{}")
+    assert str(err.value).startswith(f"qc_stitch: cyc001.json: no space left on {out.parent}, ")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_a_damaged_intermediate_is_named_not_counted_done_and_remade(tmp_path, damage):
+    """`truncate -s` of a stitched stack: deconvolve died in the codec naming no file while status said
+    stitch done. Now the read names the file, status says damaged, rerun removes it (so Snakemake
+    remakes it) and QC shows the stage failed."""
+    from plexgpu import paths, qc_state
+    from plexgpu.cluster import rerun
+    from plexgpu.io.tiff import StackReader, damaged
+
+    res = tmp_path / "results"
+    files = paths.stage_files(res, "stitch", "cyc001", [1])
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x")
+    stack = next(f for f in files if f.name == "CH1.ome.tif")
+    write_ome(stack, np.random.default_rng(0).integers(0, 4000, (4, 300, 300)).astype(np.uint16), "ZYX")
+    data = bytearray(stack.read_bytes())
+    if damage == "truncate":
+        stack.write_bytes(data[:len(data) * 2 // 3])
+    else:
+        data[len(data) // 2:len(data) // 2 + 4000] = bytes(4000)               # zeros in the middle of a tile
+        stack.write_bytes(bytes(data))
+    if damage == "truncate":
+        with pytest.raises(TiffReadError) as err:
+            StackReader(stack)
+        assert "truncated" in _one_line(err)
+        assert damaged(stack).startswith(f"{stack}: truncated")
+    else:
+        with pytest.raises(TiffReadError) as err:
+            reader = StackReader(stack)
+            for z in range(reader.shape[0]):
+                reader[z]
+        assert "a tile cannot be decoded" in _one_line(err)
+    msg = str(err.value)
+    assert msg.startswith(str(stack)) and msg.endswith("delete it and rerun the stage that wrote it (plexgpu rerun)")
+    if damage == "truncate":
+        state = next(s for s in rerun.status(res, tmp_path, ["cyc001"], [1], "plexgpu-x") if s.stage == "stitch")
+        assert state.state == "damaged" and state.detail.startswith(str(stack))
+        assert qc_state.stage_states(res, ["cyc001"], [1])["stitch", "cyc001"].status == "fail"
+
+
+def test_stitch_checks_the_disk_before_it_computes(tmp_path, monkeypatch):
+    """Room for one channel's stack is known from the tiles read: a disk without it stops the job before
+    the BaSiC fit, naming the results folder and what it needs."""
+    import shutil
+    from collections import namedtuple
+
+    from plexgpu import stages
+    from plexgpu.experiment import cycle_spec
+    from plexgpu.image import basic
+    from plexgpu.image.synth import SynthDataset, SynthSpec
+    from plexgpu.job import job_context
+
+    SynthDataset(SynthSpec(cycles=1, rows=2, cols=2, tile=(64, 64), z_planes=3, channels=1, seed=3)).write(
+        tmp_path / "raw")
+    config = validate_config({"raw_dir": str(tmp_path / "raw"), "results_dir": str(tmp_path / "res")})
+    spec = cycle_spec(resolve_experiment(config), 1)
+    res = tmp_path / "res" / "stitched"
+    out = {"stitched": [str(res / "CH1.ome.tif")], "profiles": [str(res / "CH1.profiles.tif")],
+           "positions": str(res / "positions.csv"), "pairs": str(res / "pairs.csv"), "planes": str(res / "planes.json"),
+           "defects": str(res / "defects.csv")}
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+
+    def no_fit(*a, **k):
+        raise AssertionError("the fit ran before the disk was checked")
+    monkeypatch.setattr(basic, "fit_anchored", no_fit)
+    with pytest.raises(SystemExit) as err:
+        with job_context("stitch", None, {"cpus_per_task": 1}, "cpu", str(tmp_path / "acct"), "cyc001") as ctx:
+            stages.stitch(ctx, spec, config["basic"], config["stitch"], out)
+    msg = str(err.value)
+    assert msg.startswith(f"stitch: no space left on {res}: needed ") and "before the stitch computes" in msg
+    assert "\n" not in msg and not list(res.glob("*.tif"))

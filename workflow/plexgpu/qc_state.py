@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import paths
 from .cluster.accounting import load_records
+from .io.tiff import damaged
 
 #: what the QC of a stage reads: the stages that must be done for it to run
 QC_READS = {"stitch": ("stitch",), "deconvolve": ("stitch", "deconvolve"), "edf": ("stitch", "edf"),
@@ -31,7 +32,9 @@ class StageState:
 
 
 def is_done(results_dir: str | Path, stage: str, cycle: str, channels, cycles) -> bool:
-    return all(f.is_file() for f in paths.stage_files(results_dir, stage, cycle, channels, cycles))
+    """Every output of the stage is there and whole (``io.tiff.damaged``)."""
+    files = paths.stage_files(results_dir, stage, cycle, channels, cycles)
+    return all(f.is_file() for f in files) and not any(map(damaged, files))
 
 
 def qc_ready(results_dir: str | Path, stage: str, cycle: str, channels, cycles) -> bool:
@@ -61,8 +64,11 @@ def stage_states(results_dir: str | Path, cycles: list[str], channels) -> dict[t
             key_cycle = cycle if st.per_cycle else ""
             log = results_dir / paths.log_file(st.name, key_cycle)
             log_s = str(log) if log.is_file() else ""
-            if is_done(results_dir, st.name, key_cycle or cycle, channels, cycles):
-                out[st.name, cycle] = StageState("done")
+            files = paths.stage_files(results_dir, st.name, key_cycle or cycle, channels, cycles)
+            if all(f.is_file() for f in files):
+                broken = next((d for d in map(damaged, files) if d), None)
+                out[st.name, cycle] = (StageState("fail", f"{broken}; plexgpu rerun removes and remakes it", log_s)
+                                       if broken else StageState("done"))
                 continue
             upstream = [s.name for s in paths.PIPELINE[:paths.PIPELINE.index(st)]
                         if (s.name, cycle) in out and out[s.name, cycle].status != "done"]

@@ -29,6 +29,7 @@ from .. import paths
 
 from . import slurm
 from ..config import REPO_ROOT
+from ..io.tiff import damaged
 
 def profile_prefix(profile: str | Path) -> str:
     cfg = Path(profile) / "config.v8+.yaml"
@@ -79,6 +80,34 @@ def unattributed_jobs(prefix: str, workdir: Path) -> list[dict]:
     return [j for j in slurm.squeue_jobs() if unattributed(j, prefix, workdir)]
 
 
+def stop_coordinators(workdir: Path, configfiles: list[str], timeout: float = 120, echo=print) -> list[int]:
+    """SIGTERM this data set's live coordinators on this host and wait until they are gone (a coordinator
+    left alive submits the data set's next job after its jobs were cancelled). Returns the PIDs that are
+    still alive after ``timeout`` (none: all stopped)."""
+    import signal
+
+    live = live_coordinators(workdir, configfiles)
+    for pid, cmd in live:
+        echo(f"stopping this data set's coordinator first: PID {pid} ({cmd[:100]}), SIGTERM")
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + timeout
+    alive = [pid for pid, _ in live]
+    while alive and time.time() < deadline:
+        time.sleep(0.5)
+        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+    return alive
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def cancel(run: str, workdir: Path, timeout: float = 120) -> list[dict]:
     """scancel the jobs of run ``run`` (a ``run_prefix``) and wait until squeue shows none of them."""
     jobs = workflow_jobs(run, workdir)
@@ -109,7 +138,7 @@ def incomplete_outputs(workdir: Path) -> set[str]:
 class StageState:
     cycle: str
     stage: str
-    state: str            # done | running | failed | incomplete | not started
+    state: str            # done | running | failed | incomplete | damaged | not started
     detail: str = ""
 
 
@@ -136,11 +165,14 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
     for cycle, stage, key, files in items:
         partial = any(os.path.realpath(f) in incomplete for f in files)
         complete = all(f.exists() for f in files)
+        broken = next((d for d in map(damaged, files) if d), None) if complete else None
         if key in running and (partial or not complete):
             j = running[key]        # (a stage its group job has finished already is done)
             out.append(StageState(cycle, stage, "running", f"job {j['JobID']}, account {j['Account']}, {j['State']}"))
         elif partial:
             out.append(StageState(cycle, stage, "incomplete", "started, never finished (partial outputs)"))
+        elif broken:
+            out.append(StageState(cycle, stage, "damaged", broken))
         elif complete:
             out.append(StageState(cycle, stage, "done"))
         elif key in history and history[key]["State"].split()[0] in slurm.FAILED_STATES:
@@ -230,6 +262,12 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
                        check=True, capture_output=True)
         echo("removed the stale lock of the killed coordinator (snakemake --unlock)")
     todo = [s for s in before if s.state != "done"]
+    for s in todo:
+        if s.state == "damaged":       # plexgpu's own output, unusable: removed, so that Snakemake remakes it
+            for f in paths.stage_files(results_dir, s.stage, "" if s.cycle == "all" else s.cycle, channels):
+                if damaged(f):
+                    f.unlink()
+                    echo(f"removed damaged {f}: its stage reruns")
     for s in todo:
         why = s.detail or s.state
         if s.state == "running":

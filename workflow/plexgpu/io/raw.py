@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,12 +153,23 @@ def scan_tile_names(folder: Path, region: int) -> dict[tuple[int, int, int], str
     return names
 
 
+#: a raw folder's mtime ahead of this clock by more than this is no clock skew between nodes
+CLOCK_SKEW_S = 300.0
+
+
 def inventory_cycle(cycle: int, folder: Path, region: int, n_tiles: int,
                     channels: list[int] | None, z_planes: int | None,
                     known_channels: list[int] | None = None) -> CycleInventory:
     """Check that every (tile, z, channel) file exists, and nothing beyond the grid: no stray
     z-plane, and (``known_channels``: the first cycle's, for the later ones) no channel the first
     cycle does not have."""
+    future = folder.stat().st_mtime - time.time()
+    if future > CLOCK_SKEW_S:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(folder.stat().st_mtime))
+        raise RawDataError(f"{folder}: modified {when}, {future / 3600:.1f} h in the future by this machine's clock: "
+                           "Snakemake would find every output older than it and redo every stage on every run; fix "
+                           "the clock of the machine that wrote it, or reset the folder's time (touch -m "
+                           "<folder>: its files are not changed)")
     names = scan_tile_names(folder, region)
     if not names:
         raise RawDataError(f"no tile files {tile_filename(region, 1, 1, 1)}... in {folder}")

@@ -26,6 +26,10 @@ class TiffReadError(OSError):
     """A raw TIFF that cannot be read; the message names the file."""
 
 
+#: what a damaged file plexgpu wrote needs: its stage rerun (plexgpu status does not count it done)
+REWRITE = "; delete it and rerun the stage that wrote it (plexgpu rerun)"
+
+
 class DiskFullError(OSError):
     """No space (or quota) left for an output; the message names the folder and what was needed."""
 
@@ -86,15 +90,23 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(stale, ignore_errors=True)
         else:
             stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
+    tmp = None
     try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
         yield tmp
         os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno in DISK_FULL and not isinstance(exc, DiskFullError):
+            # name the output's folder: a write() that finds the disk full names no file
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            raise DiskFullError(exc.errno, f"{path.name}: {disk_full_message(path.parent)}") from None
+        raise
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             tmp.unlink()
 
 
@@ -103,9 +115,23 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def non_finite(path: str | Path, pixels: np.ndarray) -> str | None:
+    """Where a floating-point tile holds NaN or infinite pixels (no camera records them, and one spreads
+    through every fit it enters), one line naming the file; None where it holds none."""
+    if pixels.dtype.kind != "f":
+        return None
+    bad = ~np.isfinite(pixels)
+    if not bad.any():
+        return None
+    y, x = (int(v) for v in np.argwhere(bad)[0][-2:])
+    return (f"{path}: {int(bad.sum())} NaN or infinite pixel(s), the first at y {y}, x {x}: not a camera's "
+            "image; export the tiles again")
+
+
 def read_tiff_header(path: str | Path) -> tuple[tuple[int, ...], str]:
     """Shape and dtype of a single-page TIFF, from its header, after proving the file whole: one
-    page, and its pixel data (strip or tile offsets plus byte counts) inside the file's size."""
+    page, and its pixel data (strip or tile offsets plus byte counts) inside the file's size. A
+    floating-point tile's pixels are read too: NaN or infinity cannot be told from a header."""
     try:
         size = os.path.getsize(path)
         with tifffile.TiffFile(path) as tif:
@@ -115,11 +141,30 @@ def read_tiff_header(path: str | Path) -> tuple[tuple[int, ...], str]:
             end = max((o + c for o, c in zip(page.dataoffsets, page.databytecounts)), default=0)
             if end > size or (page.compression == 1 and sum(page.databytecounts) < page.size * page.dtype.itemsize):
                 raise TiffReadError(f"{path}: truncated: its pixel data end at byte {end} but the file has {size}")
+            if page.dtype.kind == "f" and (problem := non_finite(path, page.asarray())):
+                raise TiffReadError(problem)
             return tuple(page.shape), page.dtype.name
     except TiffReadError:
         raise
     except Exception as exc:  # tifffile raises several types for a broken file
         raise TiffReadError(f"{path}: not a readable TIFF ({exc})") from None
+
+
+def damaged(path: str | Path) -> str | None:
+    """Why an output TIFF cannot be whole (it does not parse, or its pixel data end past the file's
+    end: a copy or a disk that cut it short), from its headers only; None for a whole file or one that
+    is not a TIFF. What ``plexgpu status`` and QC check before counting a stage done."""
+    path = Path(path)
+    if path.suffix not in (".tif", ".tiff") or not path.is_file():
+        return None
+    try:
+        size = path.stat().st_size
+        with tifffile.TiffFile(path) as tif:
+            end = max((int(o) + int(c) for page in tif.pages for o, c in zip(page.dataoffsets, page.databytecounts)),
+                      default=0)
+    except Exception as exc:  # tifffile raises several types for a broken file
+        return f"{path}: not a readable TIFF ({type(exc).__name__}: {exc})"
+    return f"{path}: truncated: its pixel data end at byte {end} but the file has {size}" if end > size else None
 
 
 def read_tiff(path: str | Path) -> np.ndarray:
@@ -256,10 +301,18 @@ class StackReader:
                 if (key.is_tiled and key.tiledepth == 1 and key.samplesperpixel == 1 and len(self.shape) >= 2
                         and key.shape == self.shape[-2:] and len(series.pages) == int(np.prod(self.shape[:-2]))):
                     self._pages = [_TiledPage(p, key) for p in series.pages]
+                    end = max((int(o) + int(c) for pg in self._pages for o, c in zip(pg.offsets, pg.counts)),
+                              default=0)
                 else:
                     self.offset = series.dataoffset
+                    end = (self.offset or 0) + int(np.prod(self.shape)) * self.dtype.itemsize
         except Exception as exc:
-            raise TiffReadError(f"{path}: cannot read TIFF ({type(exc).__name__}: {exc})") from None
+            raise TiffReadError(f"{path}: cannot read TIFF ({type(exc).__name__}: {exc}){REWRITE}") from None
+        size = self.path.stat().st_size
+        if self.offset is not None or self._pages is not None:
+            if end > size:
+                raise TiffReadError(f"{path}: truncated: its pixel data end at byte {end} but the file has {size}"
+                                    f"{REWRITE}")
         if self._pages is None and self.offset is None:
             self._whole = read_tiff(self.path)
         self.ndim = len(self.shape)
@@ -290,7 +343,11 @@ class StackReader:
 
         def place(i: int) -> None:
             k, t = work[i]
-            self._pages[pages[k]].place(blobs[i], t, planes[k], y0, y1, x0, x1)
+            try:
+                self._pages[pages[k]].place(blobs[i], t, planes[k], y0, y1, x0, x1)
+            except Exception as exc:                    # a codec's error names no file
+                raise TiffReadError(f"{self.path}: a tile cannot be decoded ({type(exc).__name__}: {exc})"
+                                    f"{REWRITE}") from None
             blobs[i] = None
 
         if self.workers > 1 and len(work) > 1:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -12,7 +15,8 @@ from .. import xp as xpmod
 from ..experiment import CycleSpec
 from ..image import basic, defects, edf, shading, stitching
 from ..io.raw import RawDataError
-from ..io.tiff import ome_writer, read_tiff, write_ome, write_text_atomic
+from ..io.tiff import (DiskFullError, disk_full_message, non_finite, ome_writer, read_tiff, write_ome,
+                       write_text_atomic)
 from ..job import JobContext
 from ..planes import PlanesRecord
 from ._common import per_channel
@@ -31,6 +35,8 @@ def _read_plane(ctx: JobContext, spec: CycleSpec, channel: int, z: int) -> list[
         if t.shape != first.shape or t.dtype != first.dtype or t.ndim != 2:
             raise RawDataError(f"{path}: shape {t.shape} {t.dtype} differs from {paths[0].name} "
                                f"{first.shape} {first.dtype}; one 2-D shape and dtype per cycle")
+        if problem := non_finite(path, t):
+            raise RawDataError(problem)
     return tiles
 
 
@@ -59,6 +65,7 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     read_plane = _repaired(read_plane, bad_pixels)
     with _timed(times, "read_s"):
         small, ref_tiles, tile_shape = _read_working_size(ctx, spec, params, planes, reference, read_plane)
+    _check_space(spec, tile_shape, out)
     with _timed(times, "fit_s"):
         fit = _fit_basic(ctx, spec, params, small, planes, reference[1])
     model = _stitching_model(ctx, spec, stitch_cfg, fit, planes.index(reference), ref_tiles, tile_shape, reference,
@@ -73,6 +80,18 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
                  footprints, offsets, bad_pixels.counts()).write(out["planes"])
     return {"planes": len(planes), **times, "pairs_accepted": sum(p.accepted for p in model.pairs),
             "pairs": len(model.pairs), "saturated": saturated, "defective_pixels": len(bad_pixels)}
+
+
+def _check_space(spec: CycleSpec, tile_shape, out) -> None:
+    """Before the stitch computes: room for one channel's stack while it is written (its uncompressed
+    scratch, channels are written one after another), with the mosaic's size at the nominal step."""
+    sy, sx = stitching.nominal_step(tile_shape, spec.overlap)
+    nbytes = spec.z_planes * ((spec.rows - 1) * sy + tile_shape[0]) * ((spec.cols - 1) * sx + tile_shape[1]) * 2
+    folder = Path(per_channel(spec, out["stitched"])[spec.channels[0]]).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(folder).free < nbytes:
+        raise DiskFullError(errno.ENOSPC, f"{disk_full_message(folder, nbytes)}: one channel's stack while it is "
+                                          "written, checked before the stitch computes")
 
 
 def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane, ref_z: int, out) -> defects.Defects:
