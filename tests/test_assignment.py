@@ -53,13 +53,16 @@ def test_plan_prints_table_total_and_command(tmp_path, small_synth):
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "cyc003" in res.stdout and "clive" in res.stdout and "maigan" in res.stdout
-    last = res.stdout.strip().splitlines()[-1]
+    main_line, qc_line = res.stdout.strip().splitlines()[-2:]
     from plexgpu.cluster.rerun import run_prefix
 
     run = run_prefix("plexgpu", Path("results"), Path.cwd())       # results_dir default, relative to here
     logs = Path("results").resolve() / "logs" / "slurm"
-    assert last == (f"snakemake registration --configfile {cfg} --profile profiles/slurm --slurm-jobname-prefix {run} "
-                    f"--slurm-logdir {logs} -j 5")
+    assert main_line == (f"snakemake registration --configfile {cfg} --profile profiles/slurm --slurm-jobname-prefix "
+                         f"{run} --slurm-logdir {logs} -j 5")
+    # QC with the same prefix and log folder: its jobs are this data set's, never another's rerun's blocker
+    assert qc_line == (f"snakemake qc --configfile {cfg} --profile profiles/slurm --slurm-jobname-prefix {run} "
+                       f"--slurm-logdir {logs} -j 3")
     assert re.fullmatch(r"plexgpu-[0-9a-f]{8}", run)
 
 
@@ -85,5 +88,5 @@ def test_plan_j_is_the_slurm_limits_not_the_gpus_free_now(tmp_path, small_synth,
     assert cli.main(["plan", "--configfile", str(cfg)]) == 0
     out = capsys.readouterr().out
     total = sum(a["gpu_slots"] for a in ACCOUNTS)
-    assert out.strip().splitlines()[-1].endswith(f"-j {total}")
+    assert out.strip().splitlines()[-2].endswith(f"-j {total}")
     assert f"{ACCOUNTS[0]['gpu_slots']} of the {total} GPU slots are held now" in " ".join(out.split())

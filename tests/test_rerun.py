@@ -235,7 +235,10 @@ def test_two_data_sets_from_one_checkout_cancel_one_the_other_finishes(slurm_clu
     res = _plexgpu("cancel", "--configfile", str(cfg_a), "-d", str(tmp_path), "--profile", str(profile))
     assert res.returncode == 0, res.stderr
     assert not jobs_of(run_a)
-    assert coords["a"].wait(timeout=600) != 0            # A's coordinator sees its jobs cancelled
+    # A's live coordinator was stopped first (it would have submitted A's next job once its jobs were cancelled)
+    assert f"stopping this data set's coordinator first: PID {coords['a'].pid}" in res.stdout, res.stdout
+    assert coords["a"].poll() is not None and coords["a"].returncode != 0
+    assert str(coords["b"].pid) not in res.stdout and coords["b"].poll() in (None, 0)      # B's left alone
     assert coords["b"].poll() is None or coords["b"].returncode == 0
     res = _plexgpu("rerun", "registration", "--configfile", str(cfg_a), "-d", str(tmp_path), "--profile",
                    str(profile), "--", *TEST_FLAGS)

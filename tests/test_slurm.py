@@ -40,7 +40,7 @@ def test_nine_cycles_gpu_only_on_real_slurm(slurm_cluster, nine_cycles):
     assert plan.returncode == 0, plan.stderr
     assert re.search(r"--profile profiles/slurm --slurm-jobname-prefix plexgpu-[0-9a-f]{8} --slurm-logdir "
                      rf"{re.escape(str(tmp.resolve()))}/results/logs/slurm -j 5$",
-                     plan.stdout.strip().splitlines()[-1])
+                     plan.stdout.strip().splitlines()[-2])              # the last line: the QC command
     res = snakemake_on_slurm(tmp, cfg, "registration", prefix)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     recs = records(prefix)
@@ -151,7 +151,7 @@ def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, 
         assert "gpu_slots 4 but SLURM lets you hold 3" in out
         assert "auto → 1" in out
         assert "resources.deconvolve.mem_mb = 64000 but the largest node of partition hpg-b200 has 16000 MB" in out
-        assert plan.stdout.strip().splitlines()[-1].endswith("-j 4")            # min(4, 3) + 1: the limits, not what is free
+        assert plan.stdout.strip().splitlines()[-2].endswith("-j 4")            # min(4, 3) + 1: the limits, not what is free
     finally:
         sh("modify", "user", "where", "name=root", "account=maigan", "set", f"qos-={qos}")
         sh("delete", "qos", qos)

@@ -215,7 +215,11 @@ def cmd_plan(args) -> int:
     from .cluster.rerun import profile_run, run_options
 
     run = profile_run(REPO_ROOT / "profiles" / "slurm", exp.results_dir, Path.cwd())
-    print(snakemake_command(args.configfile, args.target, jobs, run_options(run, exp.results_dir, Path.cwd())))
+    options = run_options(run, exp.results_dir, Path.cwd())
+    print(snakemake_command(args.configfile, args.target, jobs, options))
+    # QC under the same run prefix and log folder: its jobs are this data set's, so they never block
+    # another data set's rerun (CPU only; it reads what exists, so run it after the run, failed or not)
+    print(snakemake_command(args.configfile, "qc", len(exp.cycle_keys), options))
     return 0
 
 
@@ -279,10 +283,15 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from .cluster.rerun import cancel, profile_prefix, profile_run, unattributed_jobs
+    from .cluster.rerun import cancel, profile_prefix, profile_run, stop_coordinators, unattributed_jobs
     from .cluster.slurm import parse_comment
 
     _, exp, workdir, profile = _run_context(args)
+    alive = stop_coordinators(workdir, args.configfile)
+    if alive:
+        print(f"plexgpu cancel: refused: this data set's coordinator PID {alive[0]} still runs 2 min after SIGTERM "
+              f"and would submit its next job; kill it (kill -9 {alive[0]}) and run plexgpu cancel again")
+        return 3
     jobs = cancel(profile_run(profile, exp.results_dir, workdir), workdir)
     for j in jobs:
         rule, wc = parse_comment(j["Comment"])
