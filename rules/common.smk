@@ -20,6 +20,7 @@ from plexgpu.experiment import cycle_spec
 from plexgpu.manifest import resolve_run, write_manifest
 from plexgpu.image.basic import DarkfieldSetting
 from plexgpu.io.raw import RawDataError
+from plexgpu.cluster.locks import keep_other_runs_locks
 from plexgpu.cluster.slurm import CYCLE_GROUP, user_accounts
 from snakemake_scheduler_plugin_gpu_only import slot_token
 
@@ -141,6 +142,10 @@ def qc_inputs(wildcards):
 # Each account's GPU slots are a global resource `gpu_<account>` = its gpu_slots (unless the user
 # gave one with --resources): Snakemake's own scheduler loop counts them, frees them when a job ends
 # or fails, and counts a cycle's group job once, for the gpu-only scheduler and the built-in ones.
+# a run that ends deletes its own Snakemake locks only, not another data set's (plexgpu.cluster.locks)
+if workflow.is_main_process:
+    keep_other_runs_locks()
+
 for _a in ACCOUNTS:
     if slot_token(_a["name"]) not in workflow.global_resources:
         workflow.register_resource(slot_token(_a["name"]), int(_a["gpu_slots"]))

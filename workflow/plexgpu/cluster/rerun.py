@@ -28,6 +28,7 @@ import yaml
 from .. import paths
 
 from . import slurm
+from .locks import lock_folder, remove_stale_locks
 from ..config import REPO_ROOT
 from ..io.tiff import damaged
 
@@ -238,7 +239,6 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
           cycles: list[str], channels: list[int], extra: list[str], echo=print) -> int:
     prefix = profile_prefix(profile)
     run = profile_run(profile, results_dir, workdir)
-    lock_dir = workdir / ".snakemake" / "locks"
     live = live_coordinators(workdir, configfiles)
     if live:
         pid, cmd = live[0]
@@ -257,10 +257,10 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
     for j in stale:
         echo(f"cancelled stale job {j['JobID']} ({slurm.parse_comment(j['Comment'])[0]} "
              f"{slurm.parse_comment(j['Comment'])[1]}, account {j['Account']})")
-    if lock_dir.is_dir() and any(lock_dir.iterdir()):
-        subprocess.run([sys.executable, "-m", "snakemake", "--unlock", *snakemake_args(configfiles, workdir)],
-                       check=True, capture_output=True)
-        echo("removed the stale lock of the killed coordinator (snakemake --unlock)")
+    stale_locks = remove_stale_locks(workdir, results_dir)     # this data set's only: not snakemake --unlock,
+    if stale_locks:                                            # which removes every live run's lock too
+        echo(f"removed the stale lock of this data set's killed coordinator ({len(stale_locks)} lock file(s) in "
+             f"{lock_folder(workdir)}; other data sets' locks kept)")
     todo = [s for s in before if s.state != "done"]
     for s in todo:
         if s.state == "damaged":       # plexgpu's own output, unusable: removed, so that Snakemake remakes it
