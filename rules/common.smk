@@ -20,7 +20,7 @@ from plexgpu.experiment import cycle_spec
 from plexgpu.manifest import resolve_run, write_manifest
 from plexgpu.image.basic import DarkfieldSetting
 from plexgpu.io.raw import RawDataError
-from plexgpu.cluster.locks import keep_other_runs_locks
+from plexgpu.cluster.locks import DataSetBusy, claim_data_set, keep_other_runs_locks, release_data_set
 from plexgpu.cluster.slurm import CYCLE_GROUP, user_accounts
 from snakemake_scheduler_plugin_gpu_only import slot_token
 
@@ -142,6 +142,14 @@ def qc_inputs(wildcards):
 # Each account's GPU slots are a global resource `gpu_<account>` = its gpu_slots (unless the user
 # gave one with --resources): Snakemake's own scheduler loop counts them, frees them when a job ends
 # or fails, and counts a cycle's group job once, for the gpu-only scheduler and the built-in ones.
+def claim_data_set_or_stop(results_dir):
+    """This run is the one coordinator of its data set's GPU jobs, or it stops in one line (onstart)."""
+    try:
+        claim_data_set(results_dir)
+    except DataSetBusy as exc:
+        raise WorkflowError(f"plexgpu: {exc}")
+
+
 # a run that ends deletes its own Snakemake locks only, not another data set's (plexgpu.cluster.locks)
 if workflow.is_main_process:
     keep_other_runs_locks()

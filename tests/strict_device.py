@@ -18,11 +18,16 @@ whose arrays (:class:`DeviceArray`) hold a NumPy array but refuse what CuPy refu
 Allowed because CuPy allows them, but counted in :data:`LEDGER`: ``float()``, ``int()``,
 ``bool()``, ``.item()``, ``.tolist()``, ``.get()`` (each one synchronises the device), and
 host->device transfers. Every array the namespace creates is measured: the largest float64 /
-complex128 device array and where it was made (the dtype test bounds it).
+complex128 device array and where it was made (the dtype test bounds it). What decides GPU time
+and fit is counted too: device memory live and its peak (a buffer counts from the call that makes
+it until NumPy frees it; views share their base's), device->host bytes, device calls and the
+bytes each call reads and writes (its device operands and results).
 
 What it cannot model: streams, asynchrony and kernel launches (everything here is synchronous);
-CuPy's own numerical differences (cuFFT rounding, atomics in reductions); device memory (the
-``cuda`` shim reports a fixed free size); CuPy rejecting plain Python lists in some functions
+CuPy's own numerical differences (cuFFT rounding, atomics in reductions); a library's scratch
+inside one call (cuFFT's work area, a reduction's temporaries: NumPy's are not seen either) and
+CuPy's memory pool rounding (blocks of 512 bytes and up); the free memory the ``cuda`` shim
+reports (a fixed size); CuPy rejecting plain Python lists in some functions
 (NumPy accepts them and so does this stand-in); and methods' keywords (CuPy's ndarray methods
 are compiled and have no introspectable signature: only their names are checked).
 """
@@ -33,6 +38,7 @@ import importlib
 import inspect
 import traceback
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,18 +76,61 @@ def _call_site() -> str:
 class Ledger:
     syncs: int = 0
     h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    device_calls: int = 0
+    bytes_touched: int = 0                                # device bytes read + written, summed over calls
+    live_bytes: int = 0                                   # device buffers alive now
+    peak_bytes: int = 0                                   # ... and the most at once since the last reset
     largest_float64: int = 0
     float64_sites: dict = field(default_factory=dict)     # call site -> largest size made there
 
     def reset(self):
-        self.syncs = self.h2d_bytes = self.largest_float64 = 0
+        """Counters to zero; the peak restarts from what is alive now (a stage's own peak)."""
+        self.syncs = self.h2d_bytes = self.d2h_bytes = self.device_calls = self.bytes_touched = 0
+        self.largest_float64 = 0
+        self.peak_bytes = self.live_bytes
         self.float64_sites = {}
+
+    def figures(self) -> dict:
+        return {k: getattr(self, k) for k in ("syncs", "h2d_bytes", "d2h_bytes", "device_calls", "bytes_touched",
+                                              "peak_bytes", "live_bytes")}
 
 
 LEDGER = Ledger()
 
 
+_TRACKED: dict[int, int] = {}                     # id of a device buffer (an owning ndarray) -> its bytes
+
+
+def _freed(key: int) -> None:
+    LEDGER.live_bytes -= _TRACKED.pop(key, 0)
+
+
+def _track(a: np.ndarray) -> None:
+    """Count a buffer the device holds from now until NumPy frees it (a view holds its base alive)."""
+    if not a.flags.owndata or id(a) in _TRACKED:
+        return
+    _TRACKED[id(a)] = a.nbytes
+    LEDGER.live_bytes += a.nbytes
+    LEDGER.peak_bytes = max(LEDGER.peak_bytes, LEDGER.live_bytes)
+    weakref.finalize(a, _freed, id(a))
+
+
+def _touched(args, kwargs, res) -> int:
+    """Bytes of the device operands a call read and of the results it wrote."""
+    def size(x):
+        if isinstance(x, DeviceArray):
+            return x._a.nbytes
+        if isinstance(x, np.ndarray):
+            return x.nbytes
+        if isinstance(x, (list, tuple)):
+            return sum(size(v) for v in x)
+        return 0
+    return size(list(args)) + size(list(kwargs.values())) + size(res)
+
+
 def _note(a: np.ndarray) -> None:
+    _track(a)
     if a.dtype in (np.float64, np.complex128) and a.size > LARGE_FLOAT64:
         site = _call_site()
         LEDGER.float64_sites[site] = max(LEDGER.float64_sites.get(site, 0), a.size)
@@ -162,6 +211,8 @@ class _Namespace(types.ModuleType):
                 return _transfer(attr, args, kwargs)
             res = attr(*_unwrap(list(args), f"{site}: {qual}"),
                        **{k: _unwrap(v, f"{site}: {qual}") for k, v in kwargs.items()})
+            LEDGER.device_calls += 1
+            LEDGER.bytes_touched += _touched(args, kwargs, res)
             return _same_out(res, kwargs.get("out"))
         call.__name__ = name
         return call
@@ -241,6 +292,8 @@ def _binary(name):
 
     def iop(self, other):
         ufunc(self._a, _unwrap(other, f"{_call_site()}: in-place {name}"), out=self._a)
+        LEDGER.device_calls += 1
+        LEDGER.bytes_touched += 2 * self._a.nbytes + _touched([other], {}, None)
         return self
     return op, rop, iop
 
@@ -283,6 +336,7 @@ class DeviceArray:
     # -- explicit transfers and synchronising conversions (allowed, counted) ---------------
     def get(self):
         LEDGER.syncs += 1
+        LEDGER.d2h_bytes += self._a.nbytes
         return self._a.copy()
 
     def item(self, *args):
@@ -338,6 +392,8 @@ class DeviceArray:
         if isinstance(value, np.ndarray):          # host -> device copy into a slice: CuPy allows it
             LEDGER.h2d_bytes += value.nbytes
         self._a[_index(key)] = value._a if isinstance(value, DeviceArray) else value
+        LEDGER.device_calls += 1
+        LEDGER.bytes_touched += 2 * self._a[_index(key)].nbytes
 
     def __getattr__(self, name):
         if name.startswith("__"):                 # __array_interface__, __array_struct__: none, as on CuPy
@@ -351,6 +407,8 @@ class DeviceArray:
         def method(*args, **kwargs):
             where = f"{_call_site()}: .{name}()"
             res = attr(*_unwrap(list(args), where), **{k: _unwrap(v, where) for k, v in kwargs.items()})
+            LEDGER.device_calls += 1
+            LEDGER.bytes_touched += self._a.nbytes + _touched(args, kwargs, res)
             return _same_out(res, kwargs.get("out"))
         return method
 

@@ -518,3 +518,26 @@ def test_stitch_checks_the_disk_before_it_computes(tmp_path, monkeypatch):
     msg = str(err.value)
     assert msg.startswith(f"stitch: no space left on {res}: needed ") and "before the stitch computes" in msg
     assert "\n" not in msg and not list(res.glob("*.tif"))
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """Aliases of aliases: 9^7 = 4.8 million values from 8 lines; validating them took minutes."""
+    import time
+
+    from plexgpu.config import load_config
+
+    lines = ["a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcdef", "bcdefg")] + ["raw_dir: /raw"]
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        load_config([tmp_path / "bomb.yaml"])
+    assert time.perf_counter() - t0 < 5
+    assert "expands to more than 100000 values (YAML aliases" in _one_line(err)
+
+
+def test_a_value_that_fits_no_alternative_says_what_each_wants(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        validate_config({"raw_dir": "/raw", "accounts": [{"name": "clive", "gpu_slots": -1}]})
+    assert _one_line(err) == ("config key accounts.0.gpu_slots = -1: it is less than the minimum of 0; or 'auto' was "
+                              "expected")

@@ -108,3 +108,8 @@ def test_a_cycle_job_longer_than_the_partition_allows_is_said_before_any_job(mon
     assert "partition gpu's time limit (120 min)" in line
     cfg["resources"]["deconvolve"]["runtime"] = 30
     assert requests.request_warnings(cfg) == []
+    # two accounts on one partition: each warning said once, not once per account
+    cfg["accounts"].append({"name": "maigan", "gpu_slots": 1, "partition": "gpu"})
+    cfg["resources"]["stitch"]["mem_mb"] = 600000
+    (line,) = requests.request_warnings(cfg)
+    assert line.startswith("resources.stitch.mem_mb = 600000 but the largest node of partition gpu")

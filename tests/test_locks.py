@@ -38,3 +38,57 @@ def test_a_run_that_ends_keeps_another_data_sets_lock(tmp_path, small_synth):
     assert (tmp_path / "results_a/qc/index.html").is_file()
     assert other.read_text().strip() == str(tmp_path / "results_b/stitched/cyc001/CH1.ome.tif")
     assert sorted(p.name for p in lock_folder(tmp_path).iterdir()) == ["0.output.lock"]   # its own are gone
+
+
+def _fake_coordinator():
+    import subprocess
+    import sys
+
+    import time
+    from pathlib import Path
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "snakemake", "registration"])
+    for _ in range(100):                                  # until it has exec'd: its command line is its own
+        if b"snakemake" in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            break
+        time.sleep(0.02)
+    return proc
+
+
+def test_one_coordinator_per_data_set_wherever_it_was_started(tmp_path, small_synth):
+    """Snakemake's lock is per working directory: the same data set started from a second folder ran every
+    GPU job twice. A live claim refuses a run with GPU jobs in one line naming it, before any job; a run
+    with no GPU job (QC) is not refused; a claim whose coordinator is gone is taken over."""
+    import json
+    import os
+    import socket
+
+    import pytest
+
+    from plexgpu import paths
+    from plexgpu.cluster.locks import DataSetBusy, claim_data_set, release_data_set
+
+    results = tmp_path / "results"
+    claim = results / paths.COORDINATOR
+    claim.parent.mkdir(parents=True)
+    other = _fake_coordinator()
+    try:
+        claim.write_text(json.dumps({"pid": other.pid, "host": socket.gethostname(), "workdir": "/elsewhere",
+                                     "started": 0}))
+        with pytest.raises(DataSetBusy) as err:
+            claim_data_set(results)
+        assert f"PID {other.pid} on host {socket.gethostname()}" in str(err.value) and "/elsewhere" in str(err.value)
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "results_dir": str(results),
+                                       "compute": {"device": "cpu"}}))
+        with pytest.raises(Exception, match="being made by another coordinator"):
+            run(tmp_path, cfg, targets=("registration",), cores=1)
+        assert not (results / "stitched").exists()                    # stopped before any job
+        run(tmp_path, cfg, targets=("qc",), cores=1)                    # QC runs no GPU job: not refused
+        assert json.loads(claim.read_text())["pid"] == other.pid        # ... and leaves the claim alone
+    finally:
+        other.kill()
+        other.wait()
+    assert claim_data_set(results) == claim and json.loads(claim.read_text())["pid"] == os.getpid()   # gone: taken
+    release_data_set(results)
+    assert not claim.exists()

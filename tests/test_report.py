@@ -127,6 +127,8 @@ def test_a_cycle_group_job_is_one_allocation_and_its_card_names_the_stages(tmp_p
     assert group.elapsed_s == 600 + 1200 + 300 and [u.rule for u in group.stages] == ["stitch", "deconvolve", "edf"]
     (line,) = report.usage_statements(allocs)
     assert line["allocations"] == 2 and line["gpu_seconds"] == 2100 + 600
+    (one,) = report.usage_statements(allocs[1:] if allocs[0].job_id == "fx7" else allocs[:1])
+    assert one["text"].startswith("We used 1 allocation of one whole NVIDIA H200 each")       # not "1 allocations"
     cards = {c["rule"]: c for c in report.report_card(allocs)}
     assert {r: cards[r]["jobs"] for r in cards} == {"stitch": 2, "deconvolve": 1, "edf": 1}
     assert cards["edf"]["gpu_util_mean_pct"] == 30 and "data starvation" in " ".join(cards["edf"]["advice"])

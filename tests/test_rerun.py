@@ -97,6 +97,9 @@ def test_killed_coordinator_rerun_resumes_only_unfinished(slurm_cluster, four_cy
             if all(f.exists() for f in paths.stage_files(tmp_path / "results", st, c, [1]))}
     assert any(stage == "edf" for stage, _ in done)               # a whole cycle was done
     assert _my_jobs(prefix), "stale jobs keep running after the coordinator died"
+    st = _plexgpu("status", "--configfile", str(cfg), "-d", str(tmp_path), "--profile", str(profile))
+    if "running" in st.stdout:         # its jobs still in squeue: status says that nothing submits the next
+        assert "no coordinator of this data set runs on this host" in " ".join(st.stdout.split()), st.stdout
     before = {r["JobID"] for r in records(prefix)}
     # a plain relaunch is refused by Snakemake (lock); plexgpu rerun recovers
     res = _rerun(tmp_path, cfg, profile)

@@ -57,6 +57,28 @@ def test_stand_in_refuses_what_cupy_refuses():
 
 
 @pytest.mark.skipif(CUPY is None, reason="cupy (the test extra installs cupy-cuda12x) is not importable")
+def test_the_ledger_counts_device_memory_traffic_and_calls():
+    """Peak live device bytes follow allocation and free (views share their base), device->host bytes
+    are counted at .get(), and each call its device operands and results."""
+    LEDGER.reset()
+    base, calls = LEDGER.live_bytes, LEDGER.device_calls
+    a = STRICT.zeros((1000, 250), STRICT.float32)                  # 1 MB
+    assert LEDGER.live_bytes - base == 10**6 and LEDGER.device_calls == calls + 1
+    b = a * 2                                                      # another MB, 2 MB touched
+    view = b[:500]                                                 # a view: no new buffer
+    assert LEDGER.live_bytes - base == 2 * 10**6
+    assert LEDGER.bytes_touched >= 3 * 10**6
+    del b
+    assert LEDGER.live_bytes - base == 2 * 10**6                   # the view keeps b's buffer alive
+    host = view.get()
+    del view
+    assert LEDGER.live_bytes - base == 10**6 and LEDGER.d2h_bytes == host.nbytes == 500 * 1000
+    STRICT.asarray(np.ones(10**5, np.float32))                     # made and dropped at once
+    assert LEDGER.peak_bytes - base == 2 * 10**6 and LEDGER.h2d_bytes == 4 * 10**5
+    del a
+    assert LEDGER.live_bytes == base
+
+
 def test_stand_in_knows_cupys_names():
     with pytest.raises(StrictDeviceError, match="does not exist"):
         _ = STRICT.nanpercentile                               # NumPy has it, CuPy 14 does not

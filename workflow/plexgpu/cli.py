@@ -274,11 +274,17 @@ def cmd_status(args) -> int:
     table = Table(title=f"plexgpu status: {exp.results_dir} (jobs {run}_*)")
     for col in ("cycle", "stage", "state", "detail"):
         table.add_column(col)
-    colour = {"done": "green", "running": "cyan", "failed": "red", "incomplete": "yellow"}
+    colour = {"done": "green", "running": "cyan", "failed": "red", "incomplete": "yellow", "damaged": "red"}
     for s in states:
         c = colour.get(s.state, "white")
         table.add_row(s.cycle, s.stage, f"[{c}]{s.state}[/]", s.detail)
     _console().print(table)
+    from .cluster.rerun import live_coordinators
+
+    if any(s.state == "running" for s in states) and not live_coordinators(workdir, args.configfile):
+        print("no coordinator of this data set runs on this host: the running jobs finish their stages, but "
+              f"nothing submits the next ones; plexgpu rerun registration --configfile {' '.join(args.configfile)} "
+              "(it cancels them first)")
     return 0
 
 

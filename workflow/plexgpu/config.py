@@ -55,6 +55,7 @@ def read_config_files(paths: Iterable[str | Path]) -> dict:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+        _check_size(data, path)
         _deep_update(merged, data)
     return merged
 
@@ -73,6 +74,7 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     import jsonschema
     from snakemake.utils import validate
 
+    _check_size(config, "given")                 # what Snakemake read, in each job's parse too
     optics = config.get("optics")
     if isinstance(optics, dict) and isinstance(optics.get("emission_nm"), dict):
         # YAML reads `1: 461` with an int key; the schema (JSON) speaks strings
@@ -108,7 +110,31 @@ def _describe(error) -> str:
         return f"config key {where} = {error.instance!r}: {error.schema['description']}"
     if error.validator == "required":
         return f"config key {error.message.split(chr(39))[1]} is required ({where})"
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        # "is not valid under any of the given schemas" names nothing: say what each alternative wants
+        wants = "; or ".join(dict.fromkeys(e.message.replace(repr(error.instance), "it", 1) for e in error.context))
+        return f"config key {where} = {error.instance!r}: {wants}"
     return f"config key {where}: {error.message}"
+
+
+#: a config holds a few hundred values; YAML aliases can make a short file expand to billions
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_size(data, path) -> None:
+    """Refuse a config that expands (YAML aliases of aliases: 'billion laughs') beyond MAX_CONFIG_VALUES
+    values, counting no further than that: validating it walked every expanded value for minutes."""
+    count, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"config file {path} expands to more than {MAX_CONFIG_VALUES} values (YAML aliases of "
+                              "aliases?): not a plexgpu config")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def load_config(paths: Iterable[str | Path], overrides: dict | None = None, slots: bool = False) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 ACCOUNTING = "accounting/jobs"
 QC_INDEX = "qc/index.html"
 RUN_MANIFEST = ".plexgpu/run-manifest.pickle"  # what the coordinator resolved, read by the jobs
+COORDINATOR = ".plexgpu/coordinator.json"      # the live coordinator running this data set's GPU jobs
 
 
 @dataclass(frozen=True)

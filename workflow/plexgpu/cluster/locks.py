@@ -13,12 +13,26 @@ would not be stopped.
   (a file they list lies under its results folder), what ``plexgpu rerun`` removes after a killed
   coordinator instead of ``snakemake --unlock``. An input lock that lists raw folders only is left:
   it blocks nothing (raw data are never an output).
+- ``claim_data_set`` / ``release_data_set``: one coordinator with GPU jobs per data set, wherever it
+  was started. Snakemake's lock is per working directory: the same data set started from two
+  folders ran every GPU job twice. The claim is a file in the results folder naming the
+  coordinator (host, PID, working directory); a second one is refused in one line naming it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import time
 from pathlib import Path
+
+from .. import paths
+from ..io.tiff import write_text_atomic
+
+
+class DataSetBusy(RuntimeError):
+    """Another live coordinator runs this data set's GPU jobs."""
 
 
 def lock_folder(workdir: Path) -> Path:
@@ -81,3 +95,43 @@ def remove_stale_locks(workdir: Path, results_dir: Path) -> list[Path]:
     for lock in locks:
         lock.unlink(missing_ok=True)
     return locks
+
+
+def _is_snakemake(pid: int) -> bool:
+    try:
+        return b"snakemake" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def claim_data_set(results_dir: Path) -> Path:
+    """Mark this coordinator as the one running ``results_dir``'s GPU jobs, or raise DataSetBusy
+    naming the live one (on this host: its PID is alive; on another host it cannot be checked from
+    here: the message says how to clear the claim where that run has ended)."""
+    path = Path(results_dir) / paths.COORDINATOR
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "workdir": os.getcwd(), "started": time.time()}
+    if path.is_file():
+        try:
+            other = json.loads(path.read_text())
+        except (OSError, ValueError):
+            other = {}
+        same = other.get("host") == me["host"]
+        if other and not (same and other.get("pid") == me["pid"]) and (not same or _is_snakemake(other["pid"])):
+            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(other.get("started", 0)))
+            raise DataSetBusy(f"{results_dir} is being made by another coordinator: PID {other.get('pid')} on host "
+                              f"{other.get('host')}, started {since} in {other.get('workdir')}; two runs of one data "
+                              f"set would run every GPU job twice: wait for it, or stop it"
+                              + ("" if same else f" (if it has ended, delete {path})"))
+    write_text_atomic(path, json.dumps(me))
+    return path
+
+
+def release_data_set(results_dir: Path) -> None:
+    """Remove this coordinator's claim (not another's)."""
+    path = Path(results_dir) / paths.COORDINATOR
+    try:
+        mine = json.loads(path.read_text()).get("pid") == os.getpid()
+    except (OSError, ValueError):
+        return
+    if mine:
+        path.unlink(missing_ok=True)

@@ -178,27 +178,28 @@ def usage_statements(allocs: list[Allocation]) -> list[dict]:
         terms = " + ".join(f"{a.gpus} × {a.elapsed_s:.0f} s" for a in items)
         arithmetic = f"Σ (allocated GPUs × elapsed) = {terms} = {gpu_seconds:.0f} s = {gpu_seconds / 3600:.3f} h"
         n = len(items)
+        allocations = "allocation" if n == 1 else "allocations"
         gpus = sorted({a.gpus for a in items})
         each = f"{gpus[0]} GPU" if len(gpus) == 1 else f"{gpus[0]}-{gpus[-1]} GPUs"
         first = items[0]
         if group == NO_RECORD:
             states = ", ".join(f"{k} {v}" for k, v in sorted(Counter(a.state for a in items).items()))
-            text = (f"{n} allocations of this run that sacct knows have no job record ({states}): they held "
+            text = (f"{n} {allocations} of this run that sacct knows have no job record ({states}): they held "
                     f"{each} each for {_hours(total_elapsed)} elapsed in total, {gpu_seconds / 3600:.3f} "
                     f"allocated-GPU-hours of a device no record names, calculated as {arithmetic}")
         elif not first.device_used and gpu_seconds == 0:
-            text = (f"{n} jobs held no GPU (no SLURM GPU allocation) for {_hours(total_elapsed)} elapsed in "
-                    f"total: 0 GPU-hours, calculated as {arithmetic}")
+            text = (f"{n} job{'s' if n != 1 else ''} held no GPU (no SLURM GPU allocation) for "
+                    f"{_hours(total_elapsed)} elapsed in total: 0 GPU-hours, calculated as {arithmetic}")
         elif not first.device_used:
-            text = (f"{n} allocations held {each} each (SLURM gres/gpu) for {_hours(total_elapsed)} elapsed in "
+            text = (f"{n} {allocations} held {each} each (SLURM gres/gpu) for {_hours(total_elapsed)} elapsed in "
                     f"total, but no GPU device was used by these jobs (compute.device = cpu): "
                     f"{gpu_seconds / 3600:.3f} allocated-GPU-hours of no device model, calculated as {arithmetic}")
         elif first.unit == "slice-hours":
-            text = (f"We used {n} allocations of one {group} each, for {_hours(total_elapsed)} elapsed in total: "
+            text = (f"We used {n} {allocations} of one {group} each, for {_hours(total_elapsed)} elapsed in total: "
                     f"{gpu_seconds / 3600:.3f} {first.device_short} slice-hours, calculated as {arithmetic}")
         else:
             model = group.replace(" (whole device)", "")
-            text = (f"We used {n} allocations of one whole {model} each, for {_hours(total_elapsed)} elapsed in "
+            text = (f"We used {n} {allocations} of one whole {model} each, for {_hours(total_elapsed)} elapsed in "
                     f"total: {gpu_seconds / 3600:.3f} {first.device_short} GPU-hours, calculated as {arithmetic}")
         out.append({"group": group, "allocations": n, "elapsed_s": total_elapsed, "gpu_seconds": gpu_seconds,
                     "unit": first.unit, "text": text})

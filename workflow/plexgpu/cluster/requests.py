@@ -41,4 +41,4 @@ def request_warnings(config: dict) -> list[str]:
     if config["compute"]["device"] == "gpu" and importlib.util.find_spec("cupy") is None:
         out.append("compute.device = gpu but CuPy does not import here: the GPU jobs import it where they run; "
                    "install plexgpu[gpu] (cupy-cuda12x) in the environment the jobs use")
-    return out
+    return list(dict.fromkeys(out))          # once each: accounts that share a partition say the same

@@ -1,0 +1,141 @@
+"""The GPU budget of one cycle, measured on the CuPy path under the strict stand-in (no GPU here) and
+extrapolated to the full-size cycle (9x7 tiles of 1440x1920, 4 channels, 20 z).
+
+Each GPU stage of one cycle (stitch, deconvolve, edf: the functions the jobs call, with
+bench/gpu_cycle.py's synthetic tiles) runs under tests/strict_device.py, whose ledger counts what
+decides GPU time and fit: peak live device bytes, host->device and device->host bytes, syncs, device
+calls and the bytes each call reads and writes. It runs at a base size and at four variants, each
+doubling one factor (tiles, z-planes, channels, pixels per tile); a figure's growth with a factor is
+its exponent, log(figure at 2x / figure at base) / log 2, and the full-size figure is the base one
+times each factor's ratio to the power of its exponent (a power law per factor: what the data say,
+not an assumed model; a figure that is exactly linear gives 1).
+
+Lower-bound time on an H200: bytes touched / 4.8 TB/s (HBM3e) + 5 us per device call (a kernel
+launch). It ignores compute (RL's FFTs are bandwidth-bound at these sizes), host<->device copies
+(PCIe/NVLink-C2C, counted apart as bytes) and the stand-in's unseen scratch (cuFFT work areas).
+
+  python bench/gpu_budget.py            # writes bench/results/gpu_budget.json (about 2 min here)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+from common import HERE, write_result
+
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import numpy as np  # noqa: E402
+from gpu_cycle import synthetic_tiles  # noqa: E402
+from strict_device import LEDGER, STRICT  # noqa: E402
+
+from plexgpu import paths, stages  # noqa: E402
+from plexgpu.config import validate_config  # noqa: E402
+from plexgpu.experiment import CycleSpec  # noqa: E402
+from plexgpu.job import job_context  # noqa: E402
+
+HBM_BYTES_PER_S = 4.8e12      # H200
+CALL_S = 5e-6                 # one kernel launch
+FULL = {"tiles": 63, "z": 20, "channels": 4, "tile_px": 1440 * 1920}
+BASE = {"rows": 3, "cols": 3, "tile": (96, 128), "channels": 2, "z": 4}
+VARIANTS = {"tiles": {"cols": 6}, "z": {"z": 8}, "channels": {"channels": 4}, "tile_px": {"tile": (136, 180)}}
+FIGURES = ("peak_bytes", "h2d_bytes", "d2h_bytes", "syncs", "device_calls", "bytes_touched")
+
+
+def factors(size: dict) -> dict:
+    return {"tiles": size["rows"] * size["cols"], "z": size["z"], "channels": size["channels"],
+            "tile_px": size["tile"][0] * size["tile"][1]}
+
+
+def run_cycle(size: dict, work: Path, iterations: int) -> dict:
+    """{stage: ledger figures} for one cycle of ``size`` under the stand-in, plus raw and output bytes."""
+    channels = tuple(range(1, size["channels"] + 1))
+    cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": {"iterations": iterations}})
+    spec = CycleSpec(cycle=1, key="cyc001", folder="/nonexistent", region=1, rows=size["rows"], cols=size["cols"],
+                     order="snake", overlap=0.3, z_planes=size["z"], channels=channels,
+                     markers=tuple(f"M{c}" for c in channels), pixel_size_um=0.377, z_step_um=1.5,
+                     emission_nm=(450.0, 520.0, 570.0, 670.0)[:len(channels)])
+    res = work / "results"
+    st, de, ed = (paths.outputs(n, res, list(channels), spec.key) for n in ("stitch", "deconvolve", "edf"))
+    raw = synthetic_tiles(np, size["rows"], size["cols"], size["tile"], spec.overlap, channels, size["z"], "snake")
+    raw_bytes = sum(t.nbytes for tiles in raw.values() for t in tiles)
+    out = {}
+
+    def stage(name, fn, outputs):
+        with job_context(name, str(work / f"{name}.log"), {"cpus_per_task": 1}, "cpu") as ctx:
+            ctx.xp = STRICT
+            LEDGER.reset()
+            start_live = LEDGER.live_bytes
+            fn(ctx)
+            figures = LEDGER.figures()
+        figures["peak_bytes"] -= start_live
+        figures["output_bytes"] = sum(Path(f).stat().st_size for f in outputs)
+        out[name] = figures
+
+    stage("stitch", lambda ctx: stages.stitch(ctx, spec, cfg["basic"], cfg["stitch"], st,
+                                              read_plane=lambda ch, z: raw[ch, z]), st["stitched"])
+    stage("deconvolve", lambda ctx: stages.deconvolve(ctx, spec, cfg["optics"], cfg["deconvolution"], st, de),
+          de["deconvolved"])
+    stage("edf", lambda ctx: stages.extended_depth(ctx, spec, cfg["edf"], {**st, **de}, ed),
+          ed["edf"] + ed["edf_deconvolved"])
+    out["raw_bytes"] = raw_bytes
+    return out
+
+
+def lower_bound_s(fig: dict) -> float:
+    return fig["bytes_touched"] / HBM_BYTES_PER_S + fig["device_calls"] * CALL_S
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iterations", type=int, default=25, help="Richardson-Lucy iterations (the default config)")
+    args = ap.parse_args(argv)
+    sizes = {"base": BASE, **{k: {**BASE, **v} for k, v in VARIANTS.items()}}
+    measured = {}
+    with tempfile.TemporaryDirectory(prefix="plexgpu-budget-") as tmp:
+        for name, size in sizes.items():
+            (Path(tmp) / name).mkdir()
+            measured[name] = run_cycle(size, Path(tmp) / name, args.iterations)
+    base_f = factors(BASE)
+    rows, model = [], {}
+    for st in ("stitch", "deconvolve", "edf"):
+        exps, full = {}, {}
+        for fig in FIGURES + ("output_bytes",):
+            b = measured["base"][st][fig]
+            exps[fig] = {k: (math.log(max(measured[k][st][fig], 1) / max(b, 1))
+                             / math.log(factors(sizes[k])[k] / base_f[k])) for k in VARIANTS}
+            full[fig] = b * math.prod((FULL[k] / base_f[k]) ** exps[fig][k] for k in VARIANTS)
+        raw_full = measured["base"]["raw_bytes"] * math.prod(FULL[k] / base_f[k] for k in VARIANTS)
+        model[st] = {"exponents": {f: {k: round(v, 2) for k, v in e.items()} for f, e in exps.items()},
+                     "base": measured["base"][st], "full": {f: round(v) for f, v in full.items()}}
+        bound = lower_bound_s(full)
+        rows.append({
+            "what": f"{st}: full-size cycle (9x7 x 1440x1920, 4 ch, 20 z), extrapolated from the stand-in",
+            "ours_s": round(bound, 2), "peer": "-", "peer_s": None, "ratio": None,
+            "ours_accuracy": (f"peak device {full['peak_bytes'] / 2**30:.1f} GiB; H2D {full['h2d_bytes'] / 2**30:.1f} "
+                              f"GiB = {full['h2d_bytes'] / raw_full:.2f} x raw; D2H {full['d2h_bytes'] / 2**30:.1f} "
+                              f"GiB; syncs {full['syncs']:.0f}; calls {full['device_calls']:.0f}; touched "
+                              f"{full['bytes_touched'] / 1e12:.2f} TB; lower bound {bound:.1f} s"),
+            "peer_accuracy": "-", "peak_rss_mb": None})
+    total = sum(lower_bound_s(model[s]["full"]) for s in model)
+    notes = (f"Lower bound per cycle (stitch + deconvolve + edf) on an H200: {total:.1f} s = bytes touched / 4.8 "
+             "TB/s + 5 us per device call. Exponents per factor (tiles, z, channels, tile_px) for each figure in "
+             "the JSON's model; raw = 2 bytes per pixel of every tile, plane and channel.")
+    write_result("gpu_budget", rows, notes)
+    path = HERE / "results" / "gpu_budget.json"
+    import json
+
+    data = json.loads(path.read_text())
+    data["model"] = model
+    data["raw_bytes_base"] = measured["base"]["raw_bytes"]
+    data["lower_bound_cycle_s"] = round(total, 2)
+    path.write_text(json.dumps(data, indent=1))
+    return data
+
+
+if __name__ == "__main__":
+    main()
