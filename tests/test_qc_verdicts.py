@@ -169,9 +169,15 @@ def test_stage_states_from_job_records(tmp_path):
     from plexgpu import paths
 
     res = tmp_path
-    for f in paths.stage_files(res, "stitch", "cyc001", [1]):
+    import numpy as np
+    import tifffile
+
+    for f in paths.stage_files(res, "stitch", "cyc001", [1]):        # whole files (a damaged TIFF is not done)
         f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text("x")
+        if f.suffix == ".tif":
+            tifffile.imwrite(f, np.zeros((4, 4), np.uint16))
+        else:
+            f.write_text("x")
     rec = res / paths.ACCOUNTING
     rec.mkdir(parents=True)
     (rec / "deconvolve-cyc001-1.json").write_text(json.dumps(

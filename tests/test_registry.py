@@ -76,7 +76,10 @@ def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path)
     for stage in paths.PIPELINE:                           # every stage done: its files are there
         for f in paths.stage_files(tmp_path, stage.name, "cyc001", [1], ["cyc001"]):
             f.parent.mkdir(parents=True, exist_ok=True)
-            f.touch()
+            if f.suffix == ".tif":                         # whole (a damaged TIFF is not done)
+                __import__("tifffile").imwrite(f, __import__("numpy").zeros((4, 4), "uint16"))
+            else:
+                f.touch()
     qc_page.write_index(str(qc_dir / "index.html"), str(qc_dir / "metrics.json"), metrics, ["cyc001"], [1])
     page = (qc_dir / "index.html").read_text()
     assert "<th>background</th>" in page and "no QC rule for this stage" in page
