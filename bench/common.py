@@ -42,7 +42,7 @@ def markdown_table() -> str:
              "peak RSS (MB) |", "|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(RESULTS.glob("*.json")):
         d = json.loads(p.read_text())
-        for r in d["rows"]:
+        for r in (r for r in d.get("rows", []) if "what" in r):     # (other layouts: their own JSON)
             def f(k):
                 return ("–" if r.get(k) is None else (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])))
             lines.append(f"| {d['benchmark']} | {r['what']} | {f('ours_s')} | {f('peer')} | {f('peer_s')} | "

@@ -10,6 +10,12 @@ its exponent, log(figure at 2x / figure at base) / log 2, and the full-size figu
 times each factor's ratio to the power of its exponent (a power law per factor: what the data say,
 not an assumed model; a figure that is exactly linear gives 1).
 
+Deconvolution is planned, not extrapolated: its chunks come from the device memory free
+(``deconvolution.memory_budget``: half of it) and ``deconvolution.chunk_px``, so its peak at full size
+is the planner's ``working_bytes`` of the largest piece on an H200 (checked against the stand-in's
+measured peak at the base size), and its traffic is the measured bytes touched per padded FFT voxel
+and iteration at the base size times the full size's padded voxels (``padded_voxels``).
+
 Lower-bound time on an H200: bytes touched / 4.8 TB/s (HBM3e) + 5 us per device call (a kernel
 launch). It ignores compute (RL's FFTs are bandwidth-bound at these sizes), host<->device copies
 (PCIe/NVLink-C2C, counted apart as bytes) and the stand-in's unseen scratch (cuFFT work areas).
@@ -36,9 +42,12 @@ from strict_device import LEDGER, STRICT  # noqa: E402
 from plexgpu import paths, stages  # noqa: E402
 from plexgpu.config import validate_config  # noqa: E402
 from plexgpu.experiment import CycleSpec  # noqa: E402
+from plexgpu.image import deconvolution, stitching  # noqa: E402
 from plexgpu.job import job_context  # noqa: E402
+from plexgpu.stages._deconvolve import kernel_for, optics_for  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12      # H200
+H200_FREE_BYTES = 140e9       # what an H200 has free to a job (141 GB, less the CUDA context)
 CALL_S = 5e-6                 # one kernel launch
 FULL = {"tiles": 63, "z": 20, "channels": 4, "tile_px": 1440 * 1920}
 BASE = {"rows": 3, "cols": 3, "tile": (96, 128), "channels": 2, "z": 4}
@@ -51,14 +60,38 @@ def factors(size: dict) -> dict:
             "tile_px": size["tile"][0] * size["tile"][1]}
 
 
-def run_cycle(size: dict, work: Path, iterations: int) -> dict:
-    """{stage: ledger figures} for one cycle of ``size`` under the stand-in, plus raw and output bytes."""
-    channels = tuple(range(1, size["channels"] + 1))
-    cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": {"iterations": iterations}})
-    spec = CycleSpec(cycle=1, key="cyc001", folder="/nonexistent", region=1, rows=size["rows"], cols=size["cols"],
-                     order="snake", overlap=0.3, z_planes=size["z"], channels=channels,
+def make_spec(rows, cols, tile, channels, nz) -> CycleSpec:
+    channels = tuple(range(1, channels + 1))
+    return CycleSpec(cycle=1, key="cyc001", folder="/nonexistent", region=1, rows=rows, cols=cols,
+                     order="snake", overlap=0.3, z_planes=nz, channels=channels,
                      markers=tuple(f"M{c}" for c in channels), pixel_size_um=0.377, z_step_um=1.5,
                      emission_nm=(450.0, 520.0, 570.0, 670.0)[:len(channels)])
+
+
+def rl_plan(spec: CycleSpec, cfg: dict, tile: tuple[int, int], free_bytes: float) -> dict:
+    """The deconvolution stage's own plan for ``spec`` on a device with ``free_bytes`` free, per channel:
+    chunk, halo, the largest piece's working bytes (its peak) and the padded voxels of all pieces."""
+    sy, sx = stitching.nominal_step(tile, spec.overlap)
+    shape = (spec.z_planes, (spec.rows - 1) * sy + tile[0], (spec.cols - 1) * sx + tile[1])
+    out = []
+    for ch in spec.channels:
+        kernel = kernel_for(spec, optics_for(spec, cfg["optics"], cfg["deconvolution"], ch), cfg["deconvolution"], ch,
+                            spec.z_planes)
+        chunk = deconvolution.chunk_for_budget(shape, kernel.shape, 0.5 * free_bytes, cfg["deconvolution"]["chunk_px"])
+        halo = deconvolution.default_halo(kernel.shape)
+        out.append({"chunk": chunk, "halo": halo, "stack": shape, "psf": kernel.shape,
+                    "peak_bytes": deconvolution.working_bytes(deconvolution.piece_shape(shape, chunk, halo),
+                                                              kernel.shape),
+                    "padded_voxels": deconvolution.padded_voxels(shape, kernel.shape, chunk, halo)})
+    return {"channels": out, "peak_bytes": max(c["peak_bytes"] for c in out),
+            "padded_voxels": sum(c["padded_voxels"] for c in out)}
+
+
+def run_cycle(size: dict, work: Path, iterations: int) -> dict:
+    """{stage: ledger figures} for one cycle of ``size`` under the stand-in, plus raw and output bytes."""
+    cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": {"iterations": iterations}})
+    spec = make_spec(size["rows"], size["cols"], size["tile"], size["channels"], size["z"])
+    channels = spec.channels
     res = work / "results"
     st, de, ed = (paths.outputs(n, res, list(channels), spec.key) for n in ("stitch", "deconvolve", "edf"))
     raw = synthetic_tiles(np, size["rows"], size["cols"], size["tile"], spec.overlap, channels, size["z"], "snake")
@@ -83,6 +116,7 @@ def run_cycle(size: dict, work: Path, iterations: int) -> dict:
     stage("edf", lambda ctx: stages.extended_depth(ctx, spec, cfg["edf"], {**st, **de}, ed),
           ed["edf"] + ed["edf_deconvolved"])
     out["raw_bytes"] = raw_bytes
+    out["rl_plan"] = rl_plan(spec, cfg, size["tile"], STRICT.cuda.FREE_BYTES)
     return out
 
 
@@ -101,7 +135,7 @@ def main(argv=None) -> dict:
             (Path(tmp) / name).mkdir()
             measured[name] = run_cycle(size, Path(tmp) / name, args.iterations)
     base_f = factors(BASE)
-    rows, model = [], {}
+    rows, model, rl_model = [], {}, {}
     for st in ("stitch", "deconvolve", "edf"):
         exps, full = {}, {}
         for fig in FIGURES + ("output_bytes",):
@@ -110,6 +144,16 @@ def main(argv=None) -> dict:
                              / math.log(factors(sizes[k])[k] / base_f[k])) for k in VARIANTS}
             full[fig] = b * math.prod((FULL[k] / base_f[k]) ** exps[fig][k] for k in VARIANTS)
         raw_full = measured["base"]["raw_bytes"] * math.prod(FULL[k] / base_f[k] for k in VARIANTS)
+        if st == "deconvolve":        # planned (module docstring), not extrapolated
+            cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": {"iterations": args.iterations}})
+            full_plan = rl_plan(make_spec(9, 7, (1440, 1920), 4, 20), cfg, (1440, 1920), H200_FREE_BYTES)
+            base_plan = measured["base"]["rl_plan"]
+            per_voxel = measured["base"][st]["bytes_touched"] / (base_plan["padded_voxels"] * args.iterations)
+            full["peak_bytes"] = full_plan["peak_bytes"]
+            full["bytes_touched"] = per_voxel * full_plan["padded_voxels"] * args.iterations
+            rl_model = {"base": base_plan, "full_h200": full_plan,
+                                "measured_peak_over_planned_base": measured["base"][st]["peak_bytes"]
+                                / base_plan["peak_bytes"], "touched_bytes_per_padded_voxel_iteration": per_voxel}
         model[st] = {"exponents": {f: {k: round(v, 2) for k, v in e.items()} for f, e in exps.items()},
                      "base": measured["base"][st], "full": {f: round(v) for f, v in full.items()}}
         bound = lower_bound_s(full)
@@ -131,6 +175,7 @@ def main(argv=None) -> dict:
 
     data = json.loads(path.read_text())
     data["model"] = model
+    data["deconvolution_plan"] = rl_model
     data["raw_bytes_base"] = measured["base"]["raw_bytes"]
     data["lower_bound_cycle_s"] = round(total, 2)
     path.write_text(json.dumps(data, indent=1))

@@ -200,3 +200,16 @@ def test_rl_with_the_bead_psf_keeps_the_hollow_shell(realdata, tmp_path, xp):
           f"{hollow(bead):.2f}, blurred {hollow(blurred):.2f}, RL {hollow(out):.2f}")
     assert err(out) < 0.8 * err(blurred)
     assert hollow(out) < hollow(blurred) and hollow(out) < 0.95     # the ring keeps its hollow middle
+
+
+def test_padded_voxels_sums_every_chunks_fft_volume():
+    """What the GPU budget scales RL's traffic by (bench/gpu_budget.py): one piece when the chunk holds
+    the stack, more (their halos counted twice) when it is cut."""
+    shape, psf_shape = (6, 300, 200), (11, 31, 31)
+    whole = dc.padded_voxels(shape, psf_shape, 400, 45)
+    assert whole == int(np.prod(dc.padded_shape(shape, psf_shape)))
+    cut = dc.padded_voxels(shape, psf_shape, 100, 45)
+    pieces = [(6, ry.stop - ry.start, rx.stop - rx.start) for ry, _, _ in dc.chunk_slices(300, 100, 45)
+              for rx, _, _ in dc.chunk_slices(200, 100, 45)]
+    assert len(pieces) == 6 and cut == sum(int(np.prod(dc.padded_shape(p, psf_shape))) for p in pieces)
+    assert cut > whole

@@ -172,6 +172,13 @@ def chunk_for_budget(shape: tuple[int, int, int], psf_shape: tuple[int, ...], bu
     return chunk
 
 
+def padded_voxels(shape: tuple[int, int, int], psf_shape: tuple[int, ...], chunk_px: int, halo_px: int) -> int:
+    """FFT voxels RL works on over all XY chunks of ``shape``, per iteration (its traffic grows with them)."""
+    ys, xs = (chunk_slices(n, chunk_px, halo_px) for n in shape[1:])
+    return sum(int(np.prod(padded_shape((shape[0], ry.stop - ry.start, rx.stop - rx.start), psf_shape)))
+               for ry, _, _ in ys for rx, _, _ in xs)
+
+
 def chunk_slices(size: int, chunk: int, halo: int) -> list[tuple[slice, slice, slice]]:
     """(read, write, keep) slices along one axis: ``size`` split into equal chunks of at most
     ``chunk``; read with halo, write into output, keep within read."""
