@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from gpu_cycle import synthetic_tiles  # noqa: E402
 from strict_device import LEDGER, STRICT  # noqa: E402
 
-from plexgpu import paths, stages  # noqa: E402
+from plexgpu import gpu_memory, paths, stages  # noqa: E402
 from plexgpu.config import validate_config  # noqa: E402
 from plexgpu.experiment import CycleSpec  # noqa: E402
 from plexgpu.image import deconvolution, stitching  # noqa: E402
@@ -117,6 +117,11 @@ def run_cycle(size: dict, work: Path, iterations: int) -> dict:
           ed["edf"] + ed["edf_deconvolved"])
     out["raw_bytes"] = raw_bytes
     out["rl_plan"] = rl_plan(spec, cfg, size["tile"], STRICT.cuda.FREE_BYTES)
+    mosaic = gpu_memory.mosaic_shape(size["rows"], size["cols"], size["tile"], spec.overlap)
+    predicted = {"stitch": gpu_memory.stitch_peak(size["rows"] * size["cols"], len(channels) * size["z"],
+                                                  cfg["basic"]["working_size"]),
+                 "deconvolve": out["rl_plan"]["peak_bytes"], "edf": gpu_memory.edf_peak(mosaic)}
+    out["peak_measured_over_predicted"] = {st: round(out[st]["peak_bytes"] / predicted[st], 3) for st in predicted}
     return out
 
 
@@ -176,6 +181,7 @@ def main(argv=None) -> dict:
     data = json.loads(path.read_text())
     data["model"] = model
     data["deconvolution_plan"] = rl_model
+    data["peak_measured_over_predicted"] = {k: v["peak_measured_over_predicted"] for k, v in measured.items()}
     data["raw_bytes_base"] = measured["base"]["raw_bytes"]
     data["lower_bound_cycle_s"] = round(total, 2)
     path.write_text(json.dumps(data, indent=1))

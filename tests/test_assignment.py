@@ -90,3 +90,32 @@ def test_plan_j_is_the_slurm_limits_not_the_gpus_free_now(tmp_path, small_synth,
     total = sum(a["gpu_slots"] for a in ACCOUNTS)
     assert out.strip().splitlines()[-2].endswith(f"-j {total}")
     assert f"{ACCOUNTS[0]['gpu_slots']} of the {total} GPU slots are held now" in " ".join(out.split())
+
+
+def test_plan_predicts_each_stages_gpu_memory_against_the_partitions_gpu(tmp_path, small_synth, monkeypatch,
+                                                                          capsys):
+    """The peak device memory of each GPU stage for this data (the model bench/gpu_budget.py checks under
+    the stand-in), against the memory of the partition's GPU from sinfo's GRES type; one warning line
+    naming the key where a stage does not fit; an unknown type says so."""
+    from plexgpu import cli, gpu_memory
+    from plexgpu.cluster import slurm
+
+    assert gpu_memory.device_bytes("h200") == 141e9 and gpu_memory.device_bytes("a100_3g.40gb") == 40e9
+    assert gpu_memory.device_bytes("nvidia_h100_sxm5") is None and gpu_memory.device_bytes("h100-sxm") == 80e9
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS}))
+    types = {"hpg-b200": ["h200"], "hpg-turin": ["a100_1g.5gb", "mystery"]}
+    monkeypatch.setattr(slurm, "partition_limits", lambda part: {"cpus": 64, "mem_mb": 10**6, "gpus": 8,
+                                                                 "time_min": None, "gpu_types": types[part]})
+    monkeypatch.setattr(slurm, "gpus_in_use", lambda: {})
+    monkeypatch.setattr(slurm, "gpu_limit", lambda name, user=None: (None, ""))
+    monkeypatch.setattr(slurm, "user_accounts", lambda: None)
+    monkeypatch.setattr(gpu_memory, "STITCH_BUFFERS", 2e4)          # a stitch too large for a 5 GB MIG slice
+    assert cli.main(["plan", "--configfile", str(cfg)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "GPU h200 (141 GB): " in out and "GPU a100_1g.5gb (5 GB)" in out
+    assert "GPU mystery: memory not known" in out
+    stitch = gpu_memory.stitch_peak(9, 5 * 2, 128) / 1e9
+    assert (f"warning: stitch needs {stitch:.1f} GB of GPU memory but partition hpg-turin's GPU a100_1g.5gb has 5 GB: "
+            "lower basic.working_size") in out
+    assert "partition hpg-b200's GPU h200" not in out                 # it fits there

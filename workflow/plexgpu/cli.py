@@ -199,6 +199,7 @@ def cmd_plan(args) -> int:
     warnings += request_warnings(config)
     for w in warnings:
         console.print(f"[yellow]warning: {w}[/]")
+    _memory_table(console, config, exp)
     waves = -(-len(assignment) // total)
     console.print(f"{len(assignment)} cycles on {total} GPU slots: {waves} wave(s); overflow cycles wait in "
                   "SLURM for a GPU of their account (no CPU fallback).")
@@ -221,6 +222,59 @@ def cmd_plan(args) -> int:
     # another data set's rerun (CPU only; it reads what exists, so run it after the run, failed or not)
     print(snakemake_command(args.configfile, "qc", len(exp.cycle_keys), options))
     return 0
+
+
+def _memory_table(console, config: dict, exp) -> None:
+    """Each GPU stage's predicted peak device memory for this data and its chunk settings, against the
+    memory of each account partition's GPU (sinfo's GRES type); one warning line where it does not fit,
+    naming the config key that brings it under."""
+    from rich.table import Table
+
+    from . import gpu_memory as gm
+    from .cluster.slurm import partition_limits
+    from .experiment import cycle_spec
+    from .io.tiff import read_tiff_header
+    from .stages._deconvolve import kernel_for, optics_for
+
+    spec = cycle_spec(exp, exp.cycles[0])
+    tile = read_tiff_header(spec.tile_paths(spec.channels[0], 1)[0])[0]
+    mosaic = gm.mosaic_shape(spec.rows, spec.cols, tile, spec.overlap)
+    stack = (spec.z_planes, *mosaic)
+    psf_shape = max((kernel_for(spec, optics_for(spec, config["optics"], config["deconvolution"], ch),
+                                config["deconvolution"], ch, spec.z_planes).shape for ch in spec.channels),
+                    key=lambda s: s[0] * s[1] * s[2])
+    stitch = gm.stitch_peak(spec.rows * spec.cols, len(spec.channels) * spec.z_planes,
+                            config["basic"]["working_size"])
+    edf = gm.edf_peak(mosaic)
+    devices = {}
+    for a in config["accounts"]:
+        lim = partition_limits(a["partition"]) if a.get("partition") else None
+        for t in (lim or {}).get("gpu_types") or ["(type not given)"]:
+            devices[(a["partition"], t)] = gm.device_bytes(t) if t != "(type not given)" else None
+    table = Table(title=f"GPU memory per stage (cycle of {spec.rows}x{spec.cols} tiles of {tile[0]}x{tile[1]}, "
+                        f"{len(spec.channels)} ch, {spec.z_planes} z; mosaic {mosaic[0]}x{mosaic[1]})")
+    for col in ("stage", "predicted peak", "on"):
+        table.add_column(col)
+    table.add_row("stitch", f"{stitch / 1e9:.1f} GB", f"basic.working_size = {config['basic']['working_size']}")
+    table.add_row("edf", f"{edf / 1e9:.1f} GB", "one mosaic plane at a time")
+    warn = []
+    for (part, t), mem in devices.items():
+        if mem is None:
+            table.add_row("deconvolve", "-", f"partition {part}, GPU {t}: memory not known, chunks follow the "
+                                             "free memory it finds")
+            continue
+        plan = gm.deconvolve_plan(stack, psf_shape, mem, config["deconvolution"]["chunk_px"])
+        table.add_row("deconvolve", f"{plan['peak_bytes'] / 1e9:.1f} GB",
+                      f"partition {part}, GPU {t} ({mem / 1e9:.0f} GB): {plan['chunk']}-px chunks")
+        for stage, peak, key in (("stitch", stitch, "basic.working_size"), ("edf", edf, None),
+                                 ("deconvolve", plan["peak_bytes"] if plan["smallest"] else 0, None)):
+            if peak > mem:
+                warn.append(f"{stage} needs {peak / 1e9:.1f} GB of GPU memory but partition {part}'s GPU {t} has "
+                            f"{mem / 1e9:.0f} GB: " + (f"lower {key}" if key else "give it a partition with larger "
+                                                        "GPUs"))
+    console.print(table)
+    for w in warn:
+        console.print(f"[yellow]warning: {w}[/]")
 
 
 def cmd_verify_gpu(args) -> int:

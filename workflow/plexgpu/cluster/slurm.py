@@ -120,8 +120,9 @@ def partition_limits(partition: str) -> dict | None:
         return None
     def gpus(g):
         return max([int(m) for m in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", g)] or [0])
+    types = sorted({t for r in rows for t in re.findall(r"gpu:([A-Za-z][\w.-]*):\d+", r[2])})
     return {"cpus": max(int(r[0].rstrip("+")) for r in rows), "mem_mb": max(int(r[1].rstrip("+")) for r in rows),
-            "gpus": max(gpus(r[2]) for r in rows), "time_min": _minutes(rows[0][3])}
+            "gpus": max(gpus(r[2]) for r in rows), "time_min": _minutes(rows[0][3]), "gpu_types": types}
 
 
 def _minutes(limit: str) -> float | None:

@@ -1,0 +1,67 @@
+"""How much device memory each GPU stage of a cycle needs, known before a GPU is asked for, and how
+much the partition's GPU has.
+
+The peaks (bench/gpu_budget.py measures them on the CuPy path under the strict stand-in at five
+sizes and prints measured / predicted for each; within 15 % there):
+
+- stitch: the BaSiC fit holds every plane of the cycle at working size (``basic.working_size``)
+  with its iterates, STITCH_BUFFERS float32 copies of (planes x tiles x working_size^2); blending
+  one plane at a time holds far less at any real size.
+- deconvolve: its own chunk planner (``image.deconvolution``): the largest XY piece whose RL work
+  fits half the free device memory, at most ``deconvolution.chunk_px``; its peak is that piece's
+  ``working_bytes``. It adapts to the device, so it fits unless even the smallest chunk does not.
+- edf: one plane of the mosaic at a time, EDF_BUFFERS float32 mosaic-sized arrays.
+"""
+
+from __future__ import annotations
+
+import re
+
+STITCH_BUFFERS = 7.8     # measured: the BaSiC fit's peak over one float32 copy of its working stacks
+EDF_BUFFERS = 10.6       # measured: the EDF stage's peak over one float32 mosaic plane
+
+#: memory of whole GPUs by the model names SLURM's GRES types use (lower case), bytes
+GPU_MODELS = {"h200": 141e9, "h100": 80e9, "h100_nvl": 94e9, "gh200": 96e9, "b200": 180e9, "b100": 180e9,
+              "a100": 40e9, "a100_80gb": 80e9, "a100-80gb": 80e9, "a100_40gb": 40e9, "a40": 48e9, "l40s": 48e9,
+              "l40": 48e9, "a6000": 48e9, "rtx6000": 48e9, "l4": 24e9, "a10": 24e9, "a30": 24e9, "t4": 16e9,
+              "v100": 16e9, "v100_32gb": 32e9, "p100": 16e9}
+MIG = re.compile(r"(\d+)g\.(\d+)gb")        # a MIG profile names its memory: 3g.40gb, 1g.10gb, 7g.141gb
+
+
+def device_bytes(gres_type: str) -> float | None:
+    """The memory of a GRES type (a model or a MIG profile), None where it is not known."""
+    t = gres_type.lower()
+    m = MIG.search(t)
+    if m:
+        return float(m.group(2)) * 1e9
+    if t in GPU_MODELS:
+        return GPU_MODELS[t]
+    base = re.sub(r"[-_]?(pcie|sxm\d?|nvl)$", "", t)
+    return GPU_MODELS.get(base)
+
+
+def mosaic_shape(rows: int, cols: int, tile: tuple[int, int], overlap: float) -> tuple[int, int]:
+    from .image.stitching import nominal_step
+
+    sy, sx = nominal_step(tile, overlap)
+    return (rows - 1) * sy + tile[0], (cols - 1) * sx + tile[1]
+
+
+def stitch_peak(tiles: int, planes: int, working_size: int) -> float:
+    return STITCH_BUFFERS * 4.0 * planes * tiles * working_size ** 2
+
+
+def edf_peak(mosaic: tuple[int, int]) -> float:
+    return EDF_BUFFERS * 4.0 * mosaic[0] * mosaic[1]
+
+
+def deconvolve_plan(stack: tuple[int, int, int], psf_shape: tuple[int, ...], free_bytes: float,
+                    chunk_px: int) -> dict:
+    """What the deconvolve stage will do on a device with ``free_bytes`` free: its chunk, halo and
+    peak (the largest piece's RL working bytes)."""
+    from .image import deconvolution as dc
+
+    chunk = dc.chunk_for_budget(stack, psf_shape, 0.5 * free_bytes, chunk_px)
+    halo = dc.default_halo(psf_shape)
+    return {"chunk": chunk, "halo": halo, "peak_bytes": dc.working_bytes(dc.piece_shape(stack, chunk, halo), psf_shape),
+            "smallest": chunk <= dc.MIN_CHUNK_PX}
