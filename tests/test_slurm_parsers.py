@@ -74,6 +74,10 @@ def test_gpus_in_use_and_partition_limits(recorded):
         "clive    cpu=8,mem=4G,node=1,billing=8,gres/gpu=2\n")
     assert slurm.gpus_in_use("root") == {"maigan": 1, "clive": 3}
     recorded[("sinfo", "-h", "-p")] = "8|16000|gpu:6|infinite\n64+|512000|gpu:h200:4(S:0-1)|2-00:00:00\n"
-    assert slurm.partition_limits("hpg-b200") == {"cpus": 64, "mem_mb": 512000, "gpus": 6, "time_min": None}
+    assert slurm.partition_limits("hpg-b200") == {"cpus": 64, "mem_mb": 512000, "gpus": 6, "time_min": None,
+                                                  "gpu_types": ["h200"]}
     recorded[("sinfo", "-h", "-p")] = "32|256000|gpu:a100:4|12:00:00\n"
-    assert slurm.partition_limits("gpu") == {"cpus": 32, "mem_mb": 256000, "gpus": 4, "time_min": 720.0}
+    assert slurm.partition_limits("gpu") == {"cpus": 32, "mem_mb": 256000, "gpus": 4, "time_min": 720.0,
+                                             "gpu_types": ["a100"]}
+    recorded[("sinfo", "-h", "-p")] = "32|256000|gpu:a100_3g.40gb:2,gpu:a100_1g.10gb:3|12:00:00\n"   # MIG profiles
+    assert slurm.partition_limits("mig")["gpu_types"] == ["a100_1g.10gb", "a100_3g.40gb"]
