@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
 import numpy as np  # noqa: E402
 
-from plexgpu import paths, stages  # noqa: E402
+from plexgpu import gpu_memory, paths, stages  # noqa: E402
 from plexgpu import xp as xpmod  # noqa: E402
 from plexgpu.config import validate_config  # noqa: E402
 from plexgpu.experiment import CycleSpec  # noqa: E402
@@ -59,6 +59,23 @@ def synthetic_tiles(xp, rows: int, cols: int, tile: tuple[int, int], overlap: fl
             tiles[ch, z] = [xpmod.to_host(xp.clip(xp.rint(g[y:y + th, x:x + tw] * flat + 300), 0, 65535)
                                           .astype(xp.uint16)) for y, x in pos]
     return tiles
+
+
+def predicted_peaks(spec: CycleSpec, cfg: dict, tile: tuple[int, int], xp) -> dict:
+    """What plexgpu.gpu_memory predicts for this cycle (plexgpu plan prints it), beside the measured peaks:
+    the deconvolution's chunk plan on the device memory free after the run (about what the stage saw)."""
+    from plexgpu.stages._deconvolve import kernel_for, optics_for
+
+    mosaic = gpu_memory.mosaic_shape(spec.rows, spec.cols, tile, spec.overlap)
+    free = xpmod.free_device_bytes(xp) or 0
+    psf_shape = kernel_for(spec, optics_for(spec, cfg["optics"], cfg["deconvolution"], spec.channels[-1]),
+                           cfg["deconvolution"], spec.channels[-1], spec.z_planes).shape
+    decon = (gpu_memory.deconvolve_plan((spec.z_planes, *mosaic), psf_shape, free, cfg["deconvolution"]["chunk_px"])
+             ["peak_bytes"] if free else None)
+    out = {"stitch": gpu_memory.stitch_peak(spec.rows * spec.cols, len(spec.channels) * spec.z_planes,
+                                            cfg["basic"]["working_size"]),
+           "deconvolve": decon, "edf": gpu_memory.edf_peak(mosaic)}
+    return {k: None if v is None else round(v / 2**30, 2) for k, v in out.items()}
 
 
 def main(argv=None) -> dict:
@@ -116,6 +133,7 @@ def main(argv=None) -> dict:
            "rl_iterations": args.iterations, "workers": args.workers, "synth_s": round(synth_s, 2),
            **{k: round(v, 2) for k, v in times.items()}, "total_s": round(sum(times.values()), 2),
            "peak_gpu_mem_gib": {k: round(v, 2) for k, v in peaks.items()} if pool is not None else None,
+           "predicted_peak_gib": predicted_peaks(spec, cfg, tile, xp),
            "stack_gb": {k: round(v / 1e9, 3) for k, v in sizes.items()},
            "stack_fraction_of_pixels": {"stitched": round(sizes["stitched"] / (2 * pixels), 3),
                                         "deconvolved": round(sizes["deconvolved"] / (4 * pixels), 3)},

@@ -4,7 +4,8 @@
 # all the algorithms need (Snakemake is not needed for these checks). At most ~9 minutes:
 #   1. the GPU guard every GPU job runs;
 #   2. every algorithm test on CuPy (BaSiC, stitching, RL, EDF, registration, streamed I/O);
-#   3. one full-size synthetic cycle through stitch -> deconvolve -> edf on CuPy, JSON out.
+#   3. one full-size synthetic cycle through stitch -> deconvolve -> edf on CuPy, JSON out (measured peak
+#      GPU memory per stage beside what plexgpu.gpu_memory predicts: peak_gpu_mem_gib, predicted_peak_gib).
 # Outputs go to $OUT (the device tool's folder) or bench/results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
