@@ -249,3 +249,45 @@ def test_two_data_sets_from_one_checkout_cancel_one_the_other_finishes(slurm_clu
     assert coords["b"].wait(timeout=600) == 0
     for results in ("results_a", "results_b"):
         assert _digests(tmp_path / results) == _digests(reference), results
+
+
+def test_rerun_of_a_killed_data_set_leaves_two_live_ones_locked_and_running(slurm_cluster, four_cycles, tmp_path):
+    """Three data sets from one checkout; C's coordinator is killed and `plexgpu rerun` recovers it while
+    A and B run. Snakemake's --unlock (what rerun ran) deleted every lock in the folder, A's and B's too,
+    and a run that ended did the same: now A's and B's locks stay as long as they run, all three finish
+    with the reference results."""
+    from plexgpu.cluster.locks import stale_locks
+
+    raw, reference = four_cycles
+    prefix = f"plexgpu-l{uuid.uuid4().hex[:8]}"
+    profile = profile_with_prefix(tmp_path, prefix)
+    cfgs = {k: write_config(tmp_path, raw, name=f"{k}.yaml", results=f"results_{k}", deconvolution=DECON)
+            for k in "abc"}
+    runs = {k: run_of(tmp_path, c, profile) for k, c in cfgs.items()}
+    coords = {k: subprocess.Popen(snakemake_cmd(tmp_path, c, "registration", profile), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for k, c in cfgs.items()}
+
+    def jobs_of(k):
+        return [j for j in squeue_jobs() if j["JobName"].startswith(runs[k] + "_")]
+    _wait(lambda: all(jobs_of(k) for k in "abc"), what="three data sets with jobs in squeue")
+    os.kill(coords["c"].pid, signal.SIGKILL)
+    coords["c"].wait()
+    assert all(stale_locks(tmp_path, tmp_path / f"results_{k}") for k in "abc")      # each run's lock files
+    rerun_c = subprocess.Popen([sys.executable, "-m", "plexgpu.cli", "rerun", "registration", "--configfile",
+                                str(cfgs["c"]), "-d", str(tmp_path), "--profile", str(profile), "--", *TEST_FLAGS],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    # once C's rerun has removed C's stale lock and started again, A's and B's locks are still there while they run
+    _wait(lambda: not stale_locks(tmp_path, tmp_path / "results_c") or rerun_c.poll() is not None, what="rerun start")
+    checked = 0
+    for k in "ab":
+        if coords[k].poll() is None:
+            assert stale_locks(tmp_path, tmp_path / f"results_{k}"), f"the live data set {k} lost its lock"
+            checked += 1
+    assert checked, "A and B had both finished before C's rerun began: nothing was checked"
+    out = rerun_c.communicate(timeout=900)[0]
+    assert rerun_c.returncode == 0, out[-3000:]
+    assert "removed the stale lock of this data set's killed coordinator" in out and "other data sets' locks kept" in out
+    for k in "ab":
+        assert coords[k].wait(timeout=900) == 0
+    for k in "abc":
+        assert _digests(tmp_path / f"results_{k}") == _digests(reference), k
