@@ -541,3 +541,71 @@ def test_a_value_that_fits_no_alternative_says_what_each_wants(tmp_path):
         validate_config({"raw_dir": "/raw", "accounts": [{"name": "clive", "gpu_slots": -1}]})
     assert _one_line(err) == ("config key accounts.0.gpu_slots = -1: it is less than the minimum of 0; or 'auto' was "
                               "expected")
+
+
+def test_a_compressed_tile_with_corrupt_bytes_is_named_at_validate(tmp_path):
+    raw = tmp_path / "raw"
+    folder = raw / "cyc001_reg001"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for t in range(1, 5):
+        for z in range(1, 4):
+            tifffile.imwrite(folder / tile_filename(1, t, z, 1), rng.integers(0, 4000, (64, 64)).astype(np.uint16),
+                             compression="zlib")
+    bad = folder / tile_filename(1, 2, 3, 1)
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 200] = bytes(200)          # within its byte counts: the header is fine
+    bad.write_bytes(bytes(data))
+    with pytest.raises(TiffReadError) as err:
+        resolve_experiment(_config(raw), read_headers=True)
+    assert _one_line(err).startswith(f"{bad}: its compressed pixel data cannot be decoded")
+
+
+def test_sigterm_mid_write_leaves_no_part_file_and_a_record(tmp_path):
+    """What scancel sends: the write's .part file was left and no accounting record written."""
+    import signal
+    import time
+
+    from plexgpu.cluster.accounting import load_records
+
+    out = tmp_path / "res" / "registered" / "plex.ome.tif"
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'workflow')!r})
+from plexgpu.io.tiff import atomic_path
+from plexgpu.job import job_context
+with job_context("registration", None, {{"cpus_per_task": 1}}, "cpu", {str(tmp_path / 'acct')!r}):
+    with atomic_path({str(out)!r}) as tmp:
+        tmp.write_bytes(b"half a plex")
+        print("writing", flush=True)
+        time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    assert list(out.parent.glob(".*.part"))
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and time.time() - t0 < 10
+    assert not list(out.parent.iterdir())                                    # no half file, no .part
+    (record,) = load_records(tmp_path / "acct")
+    assert record["status"] == "failed" and "cancelled (SIGTERM" in record["error"]
+
+
+def test_rerun_says_which_deleted_intermediates_it_will_not_remake():
+    """Deleted stitched stacks under a finished cycle: rerun announced rebuilding them, then Snakemake
+    (whose target is up to date) did nothing."""
+    from plexgpu.cluster.rerun import StageState, fed_stages_done
+
+    states = [StageState("cyc001", "stitch", "not started"), StageState("cyc001", "deconvolve", "done"),
+              StageState("cyc001", "edf", "done"), StageState("cyc002", "stitch", "not started"),
+              StageState("cyc002", "deconvolve", "not started"), StageState("cyc002", "edf", "done"),
+              StageState("cyc003", "stitch", "failed"), StageState("cyc003", "deconvolve", "not started"),
+              StageState("cyc003", "edf", "not started"), StageState("all", "registration", "done")]
+    # registration done: nothing before it runs again, whatever was deleted
+    assert fed_stages_done(states) == {("cyc001", "stitch"), ("cyc002", "stitch"), ("cyc002", "deconvolve"),
+                                       ("cyc003", "stitch"), ("cyc003", "deconvolve"), ("cyc003", "edf")}
+    # registration to do: it runs cyc003's edf, which needs its deconvolve and stitch; cyc001's and cyc002's
+    # edf are there, so their deleted stitch (and cyc002's deconvolve) are not remade
+    states[-1] = StageState("all", "registration", "not started")
+    assert fed_stages_done(states) == {("cyc001", "stitch"), ("cyc002", "stitch"), ("cyc002", "deconvolve")}

@@ -5,6 +5,7 @@ sized from ``cpus_per_task`` (never a hard-coded number), the array backend from
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -83,12 +84,31 @@ def job_context(rule: str, log_path: str | None, resources, device: str, account
     if log_path:
         handlers = [logging.FileHandler(log_path, mode="a")]
         sys.stderr = open(log_path, "a", buffering=1)  # progress bars and tracebacks land in the log too
+    previous = _on_sigterm(rule)
     try:
         yield from _job(rule, resources, device, accounting_dir, cycle, handlers)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if sys.stderr is not stderr:                   # back to the caller's stderr (tests run many jobs)
             sys.stderr.close()
             sys.stderr = stderr
+
+
+class JobCancelled(SystemExit):
+    """SIGTERM (scancel, SLURM's time limit): raised where the job is, so that its partial outputs are
+    removed (atomic_path) and its accounting record is written, as for any failure."""
+
+
+def _on_sigterm(rule: str):
+    """SIGTERM becomes JobCancelled in the main thread (the default ends the process at once: a '.part'
+    file left and no record). Returns the handler it replaced (None where it cannot: another thread)."""
+    def cancelled(signum, frame):
+        raise JobCancelled(f"{rule}: cancelled (SIGTERM: scancel or the job's time limit)")
+    try:
+        return signal.signal(signal.SIGTERM, cancelled)
+    except ValueError:                                  # not the main thread
+        return None
 
 
 def _job(rule, resources, device, accounting_dir, cycle, handlers):

@@ -185,6 +185,28 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
     return out
 
 
+def fed_stages_done(states: list[StageState]) -> set[tuple[str, str]]:
+    """(cycle, stage) of the stages not done that Snakemake will not run: a stage runs only where its
+    outputs are missing and a stage that reads it runs (the later stages of its cycle; the last one's
+    reader, the stages over all cycles), the last one where it is not done. Deleted intermediates under
+    finished stages are these (rerun said it would rebuild them, then nothing ran)."""
+    state = {(s.cycle, s.stage): s.state for s in states}
+    order = [st.name for st in paths.PIPELINE]
+    runs: dict[tuple[str, str], bool] = {}
+
+    def will_run(cycle: str, stage: str) -> bool:
+        key = (cycle, stage)
+        if key not in runs:
+            after = order[order.index(stage) + 1:]
+            # what reads it: the later stages of its cycle; the last one's, the stages over all cycles
+            later = [(cycle, n) for n in after if paths.stage(n).per_cycle] if cycle != "all" else []
+            later = [k for k in later if k in state] or [("all", n) for n in after if not paths.stage(n).per_cycle
+                                                         and ("all", n) in state]
+            runs[key] = state[key] != "done" and (not later or any(will_run(*k) for k in later))
+        return runs[key]
+    return {k for k, v in state.items() if v not in ("done", "running") and not will_run(*k)}
+
+
 def _configfiles(args: list[str], cwd: str) -> set[str]:
     """The resolved --configfile values of a snakemake command line (several may follow the flag)."""
     out, taking = set(), False
@@ -268,7 +290,12 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
                 if damaged(f):
                     f.unlink()
                     echo(f"removed damaged {f}: its stage reruns")
+    fed = fed_stages_done(before)
     for s in todo:
+        if (s.cycle, s.stage) in fed:
+            echo(f"not rerun {s.cycle} {s.stage}: {s.state}, but every stage it feeds is done (its outputs were "
+                 f"removed); to remake them: snakemake {target} --forcerun {s.stage} ...")
+            continue
         why = s.detail or s.state
         if s.state == "running":
             why = f"its job was stale and is cancelled ({s.detail})"

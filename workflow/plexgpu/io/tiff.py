@@ -131,7 +131,8 @@ def non_finite(path: str | Path, pixels: np.ndarray) -> str | None:
 def read_tiff_header(path: str | Path) -> tuple[tuple[int, ...], str]:
     """Shape and dtype of a single-page TIFF, from its header, after proving the file whole: one
     page, and its pixel data (strip or tile offsets plus byte counts) inside the file's size. A
-    floating-point tile's pixels are read too: NaN or infinity cannot be told from a header."""
+    compressed or floating-point tile's pixels are decoded too: a corrupt stream, NaN or infinity
+    cannot be told from a header."""
     try:
         size = os.path.getsize(path)
         with tifffile.TiffFile(path) as tif:
@@ -141,8 +142,16 @@ def read_tiff_header(path: str | Path) -> tuple[tuple[int, ...], str]:
             end = max((o + c for o, c in zip(page.dataoffsets, page.databytecounts)), default=0)
             if end > size or (page.compression == 1 and sum(page.databytecounts) < page.size * page.dtype.itemsize):
                 raise TiffReadError(f"{path}: truncated: its pixel data end at byte {end} but the file has {size}")
-            if page.dtype.kind == "f" and (problem := non_finite(path, page.asarray())):
-                raise TiffReadError(problem)
+            if page.compression != 1 or page.dtype.kind == "f":
+                # a compressed tile proves whole only by decoding it (a corrupt stream fits in its byte
+                # counts); a float one may hold NaN. Raw tiles are mostly uncompressed integers: headers only
+                try:
+                    pixels = page.asarray()
+                except Exception as exc:
+                    raise TiffReadError(f"{path}: its compressed pixel data cannot be decoded "
+                                        f"({type(exc).__name__}: {exc})") from None
+                if problem := non_finite(path, pixels):
+                    raise TiffReadError(problem)
             return tuple(page.shape), page.dtype.name
     except TiffReadError:
         raise
