@@ -119,3 +119,19 @@ def test_plan_predicts_each_stages_gpu_memory_against_the_partitions_gpu(tmp_pat
     assert (f"warning: stitch needs {stitch:.1f} GB of GPU memory but partition hpg-turin's GPU a100_1g.5gb has 5 GB: "
             "lower basic.working_size") in out
     assert "partition hpg-b200's GPU h200" not in out                 # it fits there
+
+
+def test_validate_shows_the_slots_table_the_readme_promises(tmp_path, small_synth, monkeypatch, capsys):
+    from plexgpu import cli
+    from plexgpu.cluster import slurm
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS}))
+    monkeypatch.setattr(slurm, "gpus_in_use", lambda: {"clive": 1})
+    monkeypatch.setattr(slurm, "gpu_limit", lambda name, user=None: (2, "association GrpTRES") if name == "clive"
+                        else (None, ""))
+    monkeypatch.setattr(slurm, "partition_limits", lambda part: None)
+    assert cli.main(["validate", "--configfile", str(cfg)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "GPU slots per account" in out and "2 (association GrpTRES)" in out
+    assert "account clive: gpu_slots 3 but SLURM lets you hold 2" in out

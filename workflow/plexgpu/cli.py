@@ -89,7 +89,13 @@ def cmd_validate(args) -> int:
                   f"{config['compute']['device']}; checked in {time.perf_counter() - t0:.1f} s")
     from .cluster.requests import request_warnings
 
-    for w in request_warnings(config):
+    warnings = []
+    if config["accounts"]:              # the slots the README promises validate shows
+        from .cluster.assignment import build_cycle_assignment
+
+        warnings = slots_table(console, config["accounts"], build_cycle_assignment(exp.cycle_keys,
+                                                                                   config["accounts"]))[2]
+    for w in warnings + request_warnings(config):
         console.print(f"[yellow]warning: {w}[/]")
     return 0
 
@@ -151,7 +157,7 @@ def cmd_plan(args) -> int:
                              total_slots)
     from .config import load_config
     from .experiment import resolve_experiment
-    from .cluster.slurm import gpu_limit, gpus_in_use, user_accounts
+    from .cluster.slurm import user_accounts
     from .paths import PIPELINE, cycle_stages
 
     config = load_config(args.configfile, slots=True)
@@ -171,29 +177,8 @@ def cmd_plan(args) -> int:
     table.add_row("all", reg.account, reg.partition or "(default)",
                   ", ".join(s.name for s in PIPELINE if not s.per_cycle and s.gpu))
     console.print(table)
-    slots = Table(title="GPU slots per account (config, SLURM's limit for you, held now by your running jobs)")
-    for col in ("account", "gpu_slots", "SLURM limit", "in use", "free", "cycles"):
-        slots.add_column(col)
-    in_use = gpus_in_use()
-    free_total, cap_total, warnings = 0, 0, []
-    for a in accounts:
-        n = sum(1 for s in assignment.values() if s.account == a["name"])
-        limit, source = gpu_limit(a["name"])
-        used = in_use.get(a["name"], 0)
-        cap = a["gpu_slots"] if limit is None else min(a["gpu_slots"], limit)
-        free = max(cap - used, 0)
-        free_total += free
-        cap_total += cap
-        if limit is not None and a["gpu_slots"] > limit:
-            warnings.append(f"account {a['name']}: gpu_slots {a['gpu_slots']} but SLURM lets you hold {limit} "
-                            f"({source}): jobs beyond it pend (AssocGrpGRES/QOSGrpGRES); set gpu_slots: auto or {limit}")
-        said = f"auto → {a['gpu_slots']}" if a.get("gpu_slots_from") else str(a["gpu_slots"])
-        slots.add_row(a["name"], said, "none found" if limit is None else f"{limit} ({source})", str(used),
-                      str(free), str(n))
+    free_total, cap_total, warnings = slots_table(console, accounts, assignment)
     total = total_slots(accounts)
-    slots.add_row("total", str(total), "", str(sum(in_use.get(a["name"], 0) for a in accounts)), str(free_total),
-                  str(len(assignment)))
-    console.print(slots)
     from .cluster.requests import request_warnings
 
     warnings += request_warnings(config)
@@ -222,6 +207,39 @@ def cmd_plan(args) -> int:
     # another data set's rerun (CPU only; it reads what exists, so run it after the run, failed or not)
     print(snakemake_command(args.configfile, "qc", len(exp.cycle_keys), options))
     return 0
+
+
+def slots_table(console, accounts: list[dict], assignment: dict) -> tuple[int, int, list[str]]:
+    """Print each account's GPU slots (config, SLURM's limit for you, in use by your jobs, free, cycles);
+    returns (free, cap, warnings): cap = what SLURM's limits let the accounts hold together."""
+    from rich.table import Table
+
+    from .cluster.assignment import total_slots
+    from .cluster.slurm import gpu_limit, gpus_in_use
+
+    slots = Table(title="GPU slots per account (config, SLURM's limit for you, held now by your running jobs)")
+    for col in ("account", "gpu_slots", "SLURM limit", "in use", "free", "cycles"):
+        slots.add_column(col)
+    in_use = gpus_in_use()
+    free_total, cap_total, warnings = 0, 0, []
+    for a in accounts:
+        n = sum(1 for s in assignment.values() if s.account == a["name"])
+        limit, source = gpu_limit(a["name"])
+        used = in_use.get(a["name"], 0)
+        cap = a["gpu_slots"] if limit is None else min(a["gpu_slots"], limit)
+        free = max(cap - used, 0)
+        free_total += free
+        cap_total += cap
+        if limit is not None and a["gpu_slots"] > limit:
+            warnings.append(f"account {a['name']}: gpu_slots {a['gpu_slots']} but SLURM lets you hold {limit} "
+                            f"({source}): jobs beyond it pend (AssocGrpGRES/QOSGrpGRES); set gpu_slots: auto or {limit}")
+        said = f"auto → {a['gpu_slots']}" if a.get("gpu_slots_from") else str(a["gpu_slots"])
+        slots.add_row(a["name"], said, "none found" if limit is None else f"{limit} ({source})", str(used),
+                      str(free), str(n))
+    slots.add_row("total", str(total_slots(accounts)), "", str(sum(in_use.get(a["name"], 0) for a in accounts)),
+                  str(free_total), str(len(assignment)))
+    console.print(slots)
+    return free_total, cap_total, warnings
 
 
 def _memory_table(console, config: dict, exp) -> None:
