@@ -42,9 +42,8 @@ from strict_device import LEDGER, STRICT  # noqa: E402
 from plexgpu import gpu_memory, paths, stages  # noqa: E402
 from plexgpu.config import validate_config  # noqa: E402
 from plexgpu.experiment import CycleSpec  # noqa: E402
-from plexgpu.image import deconvolution, stitching  # noqa: E402
+from plexgpu.image import deconvolution  # noqa: E402
 from plexgpu.job import job_context  # noqa: E402
-from plexgpu.stages._deconvolve import kernel_for, optics_for  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12      # H200
 H200_FREE_BYTES = 140e9       # what an H200 has free to a job (141 GB, less the CUDA context)
@@ -69,22 +68,14 @@ def make_spec(rows, cols, tile, channels, nz) -> CycleSpec:
 
 
 def rl_plan(spec: CycleSpec, cfg: dict, tile: tuple[int, int], free_bytes: float) -> dict:
-    """The deconvolution stage's own plan for ``spec`` on a device with ``free_bytes`` free, per channel:
-    chunk, halo, the largest piece's working bytes (its peak) and the padded voxels of all pieces."""
-    sy, sx = stitching.nominal_step(tile, spec.overlap)
-    shape = (spec.z_planes, (spec.rows - 1) * sy + tile[0], (spec.cols - 1) * sx + tile[1])
-    out = []
-    for ch in spec.channels:
-        kernel = kernel_for(spec, optics_for(spec, cfg["optics"], cfg["deconvolution"], ch), cfg["deconvolution"], ch,
-                            spec.z_planes)
-        chunk = deconvolution.chunk_for_budget(shape, kernel.shape, 0.5 * free_bytes, cfg["deconvolution"]["chunk_px"])
-        halo = deconvolution.default_halo(kernel.shape)
-        out.append({"chunk": chunk, "halo": halo, "stack": shape, "psf": kernel.shape,
-                    "peak_bytes": deconvolution.working_bytes(deconvolution.piece_shape(shape, chunk, halo),
-                                                              kernel.shape),
-                    "padded_voxels": deconvolution.padded_voxels(shape, kernel.shape, chunk, halo)})
-    return {"channels": out, "peak_bytes": max(c["peak_bytes"] for c in out),
-            "padded_voxels": sum(c["padded_voxels"] for c in out)}
+    """The deconvolution stage's own plan for ``spec`` on a device with ``free_bytes`` free (plexgpu.gpu_memory:
+    chunk, halo, the largest channel's peak) and the padded voxels of all pieces of every channel."""
+    peaks = gpu_memory.cycle_peaks(spec, cfg, tile, {"device": free_bytes})
+    plan = peaks["deconvolve"]["device"]
+    stack = (spec.z_planes, *peaks["mosaic"])
+    voxels = deconvolution.padded_voxels(stack, plan["psf"], plan["chunk"], plan["halo"]) * len(spec.channels)
+    return {"chunk": plan["chunk"], "halo": plan["halo"], "stack": stack, "psf": plan["psf"],
+            "peak_bytes": plan["peak_bytes"], "padded_voxels": voxels}
 
 
 def run_cycle(size: dict, work: Path, iterations: int) -> dict:

@@ -64,17 +64,10 @@ def synthetic_tiles(xp, rows: int, cols: int, tile: tuple[int, int], overlap: fl
 def predicted_peaks(spec: CycleSpec, cfg: dict, tile: tuple[int, int], xp) -> dict:
     """What plexgpu.gpu_memory predicts for this cycle (plexgpu plan prints it), beside the measured peaks:
     the deconvolution's chunk plan on the device memory free after the run (about what the stage saw)."""
-    from plexgpu.stages._deconvolve import kernel_for, optics_for
-
-    mosaic = gpu_memory.mosaic_shape(spec.rows, spec.cols, tile, spec.overlap)
     free = xpmod.free_device_bytes(xp) or 0
-    psf_shape = kernel_for(spec, optics_for(spec, cfg["optics"], cfg["deconvolution"], spec.channels[-1]),
-                           cfg["deconvolution"], spec.channels[-1], spec.z_planes).shape
-    decon = (gpu_memory.deconvolve_plan((spec.z_planes, *mosaic), psf_shape, free, cfg["deconvolution"]["chunk_px"])
-             ["peak_bytes"] if free else None)
-    out = {"stitch": gpu_memory.stitch_peak(spec.rows * spec.cols, len(spec.channels) * spec.z_planes,
-                                            cfg["basic"]["working_size"]),
-           "deconvolve": decon, "edf": gpu_memory.edf_peak(mosaic)}
+    peaks = gpu_memory.cycle_peaks(spec, cfg, tile, {"here": free} if free else None)
+    out = {"stitch": peaks["stitch"], "deconvolve": peaks["deconvolve"]["here"]["peak_bytes"] if free else None,
+           "edf": peaks["edf"]}
     return {k: None if v is None else round(v / 2**30, 2) for k, v in out.items()}
 
 

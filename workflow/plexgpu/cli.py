@@ -252,23 +252,16 @@ def _memory_table(console, config: dict, exp) -> None:
     from .cluster.slurm import partition_limits
     from .experiment import cycle_spec
     from .io.tiff import read_tiff_header
-    from .stages._deconvolve import kernel_for, optics_for
 
     spec = cycle_spec(exp, exp.cycles[0])
     tile = read_tiff_header(spec.tile_paths(spec.channels[0], 1)[0])[0]
-    mosaic = gm.mosaic_shape(spec.rows, spec.cols, tile, spec.overlap)
-    stack = (spec.z_planes, *mosaic)
-    psf_shape = max((kernel_for(spec, optics_for(spec, config["optics"], config["deconvolution"], ch),
-                                config["deconvolution"], ch, spec.z_planes).shape for ch in spec.channels),
-                    key=lambda s: s[0] * s[1] * s[2])
-    stitch = gm.stitch_peak(spec.rows * spec.cols, len(spec.channels) * spec.z_planes,
-                            config["basic"]["working_size"])
-    edf = gm.edf_peak(mosaic)
     devices = {}
     for a in config["accounts"]:
         lim = partition_limits(a["partition"]) if a.get("partition") else None
         for t in (lim or {}).get("gpu_types") or ["(type not given)"]:
             devices[(a["partition"], t)] = gm.device_bytes(t) if t != "(type not given)" else None
+    peaks = gm.cycle_peaks(spec, config, tile, {k: v for k, v in devices.items() if v})
+    mosaic, stitch, edf = peaks["mosaic"], peaks["stitch"], peaks["edf"]
     table = Table(title=f"GPU memory per stage (cycle of {spec.rows}x{spec.cols} tiles of {tile[0]}x{tile[1]}, "
                         f"{len(spec.channels)} ch, {spec.z_planes} z; mosaic {mosaic[0]}x{mosaic[1]})")
     for col in ("stage", "predicted peak", "on"):
@@ -281,7 +274,7 @@ def _memory_table(console, config: dict, exp) -> None:
             table.add_row("deconvolve", "-", f"partition {part}, GPU {t}: memory not known, chunks follow the "
                                              "free memory it finds")
             continue
-        plan = gm.deconvolve_plan(stack, psf_shape, mem, config["deconvolution"]["chunk_px"])
+        plan = peaks["deconvolve"][(part, t)]
         table.add_row("deconvolve", f"{plan['peak_bytes'] / 1e9:.1f} GB",
                       f"partition {part}, GPU {t} ({mem / 1e9:.0f} GB): {plan['chunk']}-px chunks")
         for stage, peak, key in (("stitch", stitch, "basic.working_size"), ("edf", edf, None),

@@ -55,6 +55,25 @@ def edf_peak(mosaic: tuple[int, int]) -> float:
     return EDF_BUFFERS * 4.0 * mosaic[0] * mosaic[1]
 
 
+def cycle_peaks(spec, config: dict, tile: tuple[int, int], devices: dict | None = None) -> dict:
+    """Every GPU stage's predicted peak for one cycle of ``spec`` with tiles of ``tile`` px: {"mosaic",
+    "stitch", "edf" (bytes), "deconvolve": {device: ``deconvolve_plan`` of its largest channel} for each
+    of ``devices`` ({name: free bytes})}. What plan prints and the benches check."""
+    from .stages._deconvolve import kernel_for, optics_for
+
+    mosaic = mosaic_shape(spec.rows, spec.cols, tile, spec.overlap)
+    psfs = [kernel_for(spec, optics_for(spec, config["optics"], config["deconvolution"], ch),
+                       config["deconvolution"], ch, spec.z_planes).shape for ch in spec.channels] if devices else []
+    decon = {}
+    for name, free in (devices or {}).items():
+        plans = [dict(deconvolve_plan((spec.z_planes, *mosaic), p, free, config["deconvolution"]["chunk_px"]), psf=p)
+                 for p in psfs]
+        decon[name] = max(plans, key=lambda pl: pl["peak_bytes"])
+    return {"mosaic": mosaic, "stitch": stitch_peak(spec.rows * spec.cols, len(spec.channels) * spec.z_planes,
+                                                     config["basic"]["working_size"]),
+            "edf": edf_peak(mosaic), "deconvolve": decon}
+
+
 def deconvolve_plan(stack: tuple[int, int, int], psf_shape: tuple[int, ...], free_bytes: float,
                     chunk_px: int) -> dict:
     """What the deconvolve stage will do on a device with ``free_bytes`` free: its chunk, halo and

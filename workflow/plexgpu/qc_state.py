@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import paths
 from .cluster.accounting import load_records
-from .io.tiff import damaged
+from .io.tiff import first_damaged
 
 #: what the QC of a stage reads: the stages that must be done for it to run
 QC_READS = {"stitch": ("stitch",), "deconvolve": ("stitch", "deconvolve"), "edf": ("stitch", "edf"),
@@ -34,7 +34,7 @@ class StageState:
 def is_done(results_dir: str | Path, stage: str, cycle: str, channels, cycles) -> bool:
     """Every output of the stage is there and whole (``io.tiff.damaged``)."""
     files = paths.stage_files(results_dir, stage, cycle, channels, cycles)
-    return all(f.is_file() for f in files) and not any(map(damaged, files))
+    return all(f.is_file() for f in files) and first_damaged(files) is None
 
 
 def qc_ready(results_dir: str | Path, stage: str, cycle: str, channels, cycles) -> bool:
@@ -66,7 +66,7 @@ def stage_states(results_dir: str | Path, cycles: list[str], channels) -> dict[t
             log_s = str(log) if log.is_file() else ""
             files = paths.stage_files(results_dir, st.name, key_cycle or cycle, channels, cycles)
             if all(f.is_file() for f in files):
-                broken = next((d for d in map(damaged, files) if d), None)
+                broken = first_damaged(files)
                 out[st.name, cycle] = (StageState("fail", f"{broken}; plexgpu rerun removes and remakes it", log_s)
                                        if broken else StageState("done"))
                 continue

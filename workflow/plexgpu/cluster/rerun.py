@@ -30,7 +30,7 @@ from .. import paths
 from . import slurm
 from .locks import lock_folder, remove_stale_locks
 from ..config import REPO_ROOT
-from ..io.tiff import damaged
+from ..io.tiff import damaged, first_damaged
 
 def profile_prefix(profile: str | Path) -> str:
     cfg = Path(profile) / "config.v8+.yaml"
@@ -166,7 +166,7 @@ def status(results_dir: Path, workdir: Path, cycles: list[str], channels: list[i
     for cycle, stage, key, files in items:
         partial = any(os.path.realpath(f) in incomplete for f in files)
         complete = all(f.exists() for f in files)
-        broken = next((d for d in map(damaged, files) if d), None) if complete else None
+        broken = first_damaged(files) if complete else None
         if key in running and (partial or not complete):
             j = running[key]        # (a stage its group job has finished already is done)
             out.append(StageState(cycle, stage, "running", f"job {j['JobID']}, account {j['Account']}, {j['State']}"))

@@ -176,6 +176,11 @@ def damaged(path: str | Path) -> str | None:
     return f"{path}: truncated: its pixel data end at byte {end} but the file has {size}" if end > size else None
 
 
+def first_damaged(paths) -> str | None:
+    """``damaged``'s reason for the first damaged file of ``paths``, None where every one is whole."""
+    return next((reason for reason in map(damaged, paths) if reason), None)
+
+
 def read_tiff(path: str | Path) -> np.ndarray:
     """Pixels of a TIFF; opened read-only. The error names the file."""
     try:
