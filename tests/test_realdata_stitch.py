@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from plexgpu.image import basic, stitching
+from plexgpu.image import basic, overlap_fit, stitching
 
 from plexgpu import stages
 from plexgpu.experiment import CycleSpec
@@ -119,12 +119,30 @@ def test_no_pair_far_from_the_stage_model(wsi):
 
 
 def test_positions_match_fiji(wsi):
+    """Fiji's positions to within the lens distortion, and seams at least as good as Fiji's.
+
+    The camera's distortion leaves no one translation right for a pair: measured on these tiles, the
+    along-step offset of the overlap's end thirds is 0.36-0.66 px larger than its middle third's
+    (median over the pairs). Phase correlation (Fiji's, and ours before the overlap fit) weighs the
+    middle of the strip; the exact-overlap fit weighs all of it, 0.16 px apart along the step. What the
+    user sees is the seam: the corrected overlap's NCC at our offsets against Fiji's."""
     fiji, pos = wsi["fiji"], wsi["pos"]
     ids = [t for t in sorted(fiji) if t != 45]
     d = np.array([pos[t - 1] for t in ids]) - np.array([fiji[t] for t in ids])
     err = np.abs(d - np.median(d, axis=0)).max(axis=1)
-    print(f"positions vs Fiji ({len(ids)} tiles): median {np.median(err):.2f} px")
-    assert np.median(err) <= 0.3
+    prof = wsi["profiles"].reshape(-1, 2, 512, 512)
+    tiles = (wsi["tiles"].astype(np.float32) - prof[0, 1]) / prof[0, 0]
+    ours, theirs = [], []
+    for p, off, _dev in _reference_pairs(wsi):
+        a, b = int(p["tile_a"]) - 1, int(p["tile_b"]) - 1
+        ours.append(overlap_fit.exact_ncc(tiles[a], tiles[b], pos[b] - pos[a]))
+        theirs.append(overlap_fit.exact_ncc(tiles[a], tiles[b], off))
+    ours, theirs = np.array(ours), np.array(theirs)
+    print(f"positions vs Fiji ({len(ids)} tiles): median {np.median(err):.2f} px; seams (NCC of the corrected "
+          f"overlap, {len(ours)} pairs): ours median {np.median(ours):.4f}, Fiji's {np.median(theirs):.4f}, ours "
+          f"higher on {(ours > theirs).sum()}")
+    assert np.median(err) <= 0.5
+    assert np.median(ours - theirs) >= 0 and (ours >= theirs - 0.002).mean() >= 0.9
 
 
 def test_shading_against_basicpy_and_no_clipping(wsi):

@@ -1,7 +1,9 @@
 """Grid stitching on the NumPy/CuPy seam.
 
 1. Pairwise: each pair of neighbouring tiles is aligned from its overlap strips by
-   phase correlation (``phasecorr``: whitened, windowed, sub-pixel), scored by NCC.
+   phase correlation (``phasecorr``: whitened, windowed, sub-pixel), scored by NCC; an accepted
+   pair's offset is then fitted on the tiles' exact overlap (``overlap_fit``), which strips cut at
+   the nominal step do not give at narrow overlaps.
 2. Stage model: from the pairs whose peak is clearly above noise (extreme-value bound)
    and unambiguous, the step between neighbours per direction (median: rotation of the
    camera, stage scale and mean offset in one vector) and the spread of single pairs around
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import xp as xpmod
-from . import texture
+from . import overlap_fit, texture
 from .phasecorr import ncc, noise_threshold, phase_correlation
 from .subpixel import shift_fraction
 
@@ -265,12 +267,29 @@ def register_pairs(tiles, layout, step, max_shift_px: float | None = None) -> tu
         p.accepted = p.significance >= thr
         if p.accepted:
             p.reason = ""
+        elif p.clear and p.off_model is None:      # inside the window, but no more than mismatched strips reach
+            p.reason = (f"its match ({p.significance:.1f}) is no stronger than mismatched strips reach in the "
+                        f"window ({thr:.1f}): " + _why_no_match(p))
         elif p.clear:
             p.reason = (f"clear match {max(map(abs, p.off_model)):.1f} px from the stage model, outside its window "
                         f"({stage.window:.1f} px), nothing significant inside ({p.significance:.1f} < {thr:.1f})")
         else:
             p.reason = f"not significant ({p.significance:.1f} < {thr:.1f}): " + _why_no_match(p)
+        if p.accepted:
+            _fit_on_overlap(p, tiles, step, stage)
     return pairs, stage, threshold
+
+
+def _fit_on_overlap(p: Pair, tiles, step, stage: StageModel) -> None:
+    """An accepted pair's offset refined on its exact overlap (overlap_fit), kept where it stays in the
+    stage model's window: the strips at the nominal step lose width to the window and to the offset,
+    which at narrow overlaps puts phase correlation pixels off."""
+    nominal = np.array([0.0, step[1]]) if p.direction == "h" else np.array([step[0], 0.0])
+    fit = overlap_fit.fit_offset(tiles[p.a], tiles[p.b], nominal + (p.dy, p.dx))
+    dy, dx = np.asarray(fit.offset) - nominal
+    near = stage.deviation[p.direction]
+    if fit.moved and max(abs(dy - near[0]), abs(dx - near[1])) <= stage.window:
+        p.dy, p.dx, p.ncc = float(dy), float(dx), fit.ncc
 
 
 def _why_no_match(p: Pair) -> str:
