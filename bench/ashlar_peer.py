@@ -1,6 +1,7 @@
 """Run ASHLAR 1.20's EdgeAligner on tiles saved by a benchmark, in ASHLAR's own environment
 (make bench-env). Input: an .npz with ``tiles`` (T, H, W) in raster order (row-major from the
-top-left), ``rows``, ``cols``, ``overlap``, ``max_shift`` (px). Prints JSON: the positions
+top-left), ``rows``, ``cols``, ``overlap``, ``max_shift`` (px), optionally ``filter_sigma`` (its
+whitening filter, 0 by default; 1 is its best setting on our regimes). Prints JSON: the positions
 (y, x per tile, raster order) and the seconds the alignment took."""
 
 import json
@@ -22,8 +23,9 @@ with tempfile.TemporaryDirectory() as tmp:
                                          width=int(data["cols"]), height=int(data["rows"]), layout="raster",
                                          direction="horizontal", pixel_size=1.0)
     t0 = time.perf_counter()
-    aligner = reg.EdgeAligner(reader, channel=0, max_shift=float(data["max_shift"]), verbose=False,
-                              do_make_thumbnail=False)
+    sigma = float(data["filter_sigma"]) if "filter_sigma" in data else 0.0
+    aligner = reg.EdgeAligner(reader, channel=0, max_shift=float(data["max_shift"]), filter_sigma=sigma,
+                              verbose=False, do_make_thumbnail=False)
     aligner.run()
     seconds = time.perf_counter() - t0
 print(json.dumps({"positions": np.asarray(aligner.positions).tolist(), "seconds": seconds}))

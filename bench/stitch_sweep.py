@@ -10,10 +10,17 @@ the workflow's own stage function (``stages.stitch``, CPU). Measured against the
   sort_intensity, approximate fit), and no correction (a flat of ones);
 * darkfield: |estimate - truth| / truth, mean over the tile, worst plane; the planes our job
   flags as uncertain (every tile carries light everywhere) are counted;
-* positions: each tile's error after removing the common offset, max and median, with ASHLAR
-  1.20's EdgeAligner given the same reference plane corrected by the *true* shading.
+* positions: each tile's error after removing the common offset, max and median, over the tiles
+  that share texture with a neighbour (a pair whose two strips both hold texture, measured on the
+  data: a tile on bare slide can be placed by nothing but the stage), with ASHLAR 1.20's
+  EdgeAligner given the same reference plane corrected by the *true* shading, at its default
+  filter (``filter_sigma`` 0) and at its best (``--filter-sigma 1``); and the accepted pairs more
+  than 1 px from the truth (a wrong pair accepted).
 
-  python bench/stitch_sweep.py [--regimes dense,sparse,...] [--no-peers]   (keys of REGIMES)
+  python bench/stitch_sweep.py [--regimes dense,sparse,...] [--peers basicpy,ashlar | --no-peers]
+
+Without basicpy (its CPU fits take minutes per regime) the rows go to ``stitch_sweep_positions``,
+so the full comparison in ``stitch_sweep`` is not overwritten by a partial one.
 """
 
 import argparse
@@ -32,6 +39,7 @@ from plexgpu.experiment import cycle_spec, resolve_experiment
 from plexgpu.io.raw import grid_layout
 from plexgpu.io.tiff import read_tiff
 from plexgpu.job import job_context
+from plexgpu.image import stitching
 from plexgpu.image.synth import SynthDataset, SynthSpec
 
 BASE = dict(cycles=1, rows=5, cols=6, tile=(128, 160), overlap=0.2, z_planes=5, channels=2, jitter_px=3.0,
@@ -45,7 +53,11 @@ REGIMES = {   # name: (what it is, SynthSpec settings over BASE)
     "dark2": ("offset 2 % of the signal", dict(dark_offset=30.0)),
     "dark30": ("offset 30 % of the signal", dict(dark_offset=450.0)),
     "rotated": ("camera turned 1.5 deg, 10 % overlap", dict(rotation_deg=1.5, overlap=0.1, tile=(192, 192))),
+    "overlap5": ("5 % overlap (256 px tiles)", dict(overlap=0.05, tile=(256, 256))),
+    "field": ("sparse field: tissue on 15 % of the slide", dict(tissue_fraction=0.15)),
+    "hot": ("hot pixels on 0.05 % of the sensor (300-4000 counts)", dict(hot_pixels=0.0005)),
 }
+ASHLAR_FILTERS = (0.0, 1.0)   # its default whitening filter and its best on these regimes
 VENV_BASICPY = HERE / ".venv-basicpy/bin/python"
 VENV_ASHLAR = HERE / ".venv-ashlar/bin/python"
 
@@ -55,14 +67,34 @@ def rel_rms(flat, truth):
     return float(np.sqrt(np.mean((flat - truth) ** 2)))
 
 
-def position_errors(pos, truth, blank=()):
-    """Max and median error over the tiles with content; max over the blank tiles (placed by the
-    stage model alone: nothing in them can say where they are)."""
+def position_errors(pos, truth, textured, blank=()):
+    """Max and median error over the tiles that share texture with a neighbour (``textured``: 0-based);
+    max over the blank tiles (placed by the stage model alone: nothing in them can say where they are)."""
     err = np.asarray(pos, float) - np.asarray(truth, float)
     err -= np.median(err, axis=0)
     e = np.abs(err).max(axis=1)
-    content = [i for i in range(len(e)) if i + 1 not in blank]
+    content = [i for i in textured if i + 1 not in blank]
     return float(e[content].max()), float(np.median(e[content])), float(max((e[t - 1] for t in blank), default=0))
+
+
+def textured_tiles(pairs) -> list[int]:
+    """Tiles (0-based) with a neighbour pair whose two strips both hold texture (pairs.csv rows)."""
+    from plexgpu.image.texture import MIN_TEXTURE_SNR
+
+    return sorted({int(r[k]) - 1 for r in pairs if min(float(r["texture_a"]), float(r["texture_b"])) >= MIN_TEXTURE_SNR
+                   for k in ("tile_a", "tile_b")})
+
+
+def wrong_pairs(pairs, truth, step) -> int:
+    """Accepted pairs whose offset is more than 1 px from the truth."""
+    truth = np.asarray(truth, float)
+    wrong = 0
+    for r in pairs:
+        a, b = int(r["tile_a"]) - 1, int(r["tile_b"]) - 1
+        nominal = np.array([0, step[1]]) if r["direction"] == "h" else np.array([step[0], 0])
+        dev = np.array([float(r["dy_px"]), float(r["dx_px"])])
+        wrong += r["accepted"] == "1" and np.abs(truth[b] - truth[a] - nominal - dev).max() > 1
+    return wrong
 
 
 def run_ours(ds: SynthDataset, tmp: Path):
@@ -81,7 +113,9 @@ def run_ours(ds: SynthDataset, tmp: Path):
     with open(out["positions"]) as fh:
         pos = [(float(r["y_px"]), float(r["x_px"])) for r in csv.DictReader(fh)]
     shading = json.loads(Path(out["planes"]).read_text())["shading"]
-    return raw, {ch: read_tiff(p) for ch, p in zip(spec.channels, out["profiles"])}, pos, shading, t["s"]
+    with open(out["pairs"]) as fh:
+        pairs = [r for r in csv.DictReader(fh) if r["tile_a"].isdigit()]
+    return raw, {ch: read_tiff(p) for ch, p in zip(spec.channels, out["profiles"])}, pos, shading, pairs, t["s"]
 
 
 def noisy_planes(raw: Path, ds: SynthDataset, ch: int, z: int):
@@ -100,9 +134,9 @@ def basicpy_runs(planes: list[np.ndarray], settings: dict) -> list[tuple[np.ndar
         return list(zip(prof["flat"], prof["dark"]))
 
 
-def ashlar_positions(ds: SynthDataset, raw: Path):
-    """ASHLAR on the reference plane (CH1, middle z) corrected by the true shading; positions in
-    acquisition order."""
+def ashlar_positions(ds: SynthDataset, raw: Path, filter_sigma: float = 0.0):
+    """ASHLAR on the reference plane (CH1, middle z) corrected by the true shading, at its whitening
+    filter ``filter_sigma``; positions in acquisition order."""
     spec = ds.spec
     z = (spec.z_planes + 1) // 2
     tiles = (noisy_planes(raw, ds, 1, z).astype(np.float32) - ds.darkfield(1, z)) / ds.flatfield(1, z)
@@ -110,7 +144,7 @@ def ashlar_positions(ds: SynthDataset, raw: Path):
     raster = sorted(range(len(layout)), key=lambda i: layout[i])        # acquisition index of each raster slot
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(f"{tmp}/tiles.npz", tiles=np.stack([tiles[i] for i in raster]), rows=spec.rows, cols=spec.cols,
-                 overlap=spec.overlap, max_shift=30.0)
+                 overlap=spec.overlap, max_shift=30.0, filter_sigma=filter_sigma)
         out = subprocess.run([str(VENV_ASHLAR), str(HERE / "ashlar_peer.py"), f"{tmp}/tiles.npz"],
                              capture_output=True, text=True, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -123,38 +157,49 @@ def ashlar_positions(ds: SynthDataset, raw: Path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--peers", default="basicpy,ashlar", help="peers to run beside ours")
     ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
-    peers = not args.no_peers and VENV_BASICPY.exists() and VENV_ASHLAR.exists()
+    wanted = set() if args.no_peers else set(args.peers.split(","))
+    run_basicpy = "basicpy" in wanted and VENV_BASICPY.exists()
+    run_ashlar = "ashlar" in wanted and VENV_ASHLAR.exists()
     rows, worst = [], {}
     for key in args.regimes.split(","):
         name, settings = REGIMES[key]
         spec = SynthSpec(**{**BASE, **settings})
         ds = SynthDataset(spec)
         with tempfile.TemporaryDirectory() as tmp:
-            raw, profiles, pos, shading, seconds = run_ours(ds, Path(tmp))
+            raw, profiles, pos, shading, pairs, seconds = run_ours(ds, Path(tmp))
+            textured = textured_tiles(pairs)
+            step = stitching.nominal_step(spec.tile, spec.overlap)
             keys = [(ch, z) for ch in range(1, spec.channels + 1) for z in range(1, spec.z_planes + 1)]
             truth = {k: (ds.flatfield(*k), ds.darkfield(*k)) for k in keys}
             ours_f = [rel_rms(profiles[ch][z - 1, 0], truth[(ch, z)][0]) for ch, z in keys]
             ours_d = [float(np.abs(profiles[ch][z - 1, 1] - truth[(ch, z)][1]).mean() / truth[(ch, z)][1].mean())
                       for ch, z in keys]
+            bias = [float(profiles[ch][z - 1, 1].mean() - truth[(ch, z)][1].mean()) for ch, z in keys]
             flagged = sum(shading[f"{ch}/{z}"]["offset_uncertain"] for ch, z in keys)
             ones = [rel_rms(np.ones_like(truth[k][0]), truth[k][0]) for k in keys]
-            pmax, pmed, pblank = position_errors(pos, ds.positions[0], spec.blank_tiles)
+            pmax, pmed, pblank = position_errors(pos, ds.positions[0], textured, spec.blank_tiles)
+            wrong = wrong_pairs(pairs, ds.positions[0], step)
             row = {"what": f"stitch stage, {name}", "ours_s": seconds,
                    "ours_accuracy": f"flatfield {np.mean(ours_f):.2%} / worst {max(ours_f):.2%}; offset worst "
-                                    f"{max(ours_d):.0%} ({flagged} of {len(keys)} planes flagged uncertain); "
-                                    f"positions max {pmax:.2f} / median {pmed:.2f} px"
-                                    + (f" (blank tiles, by the stage model: {pblank:.2f} px)" if spec.blank_tiles else ""),
+                                    f"{max(ours_d):.0%} (mean offset {min(bias):+.1f} to {max(bias):+.1f} counts from the truth; "
+                                    f"{flagged} of {len(keys)} planes flagged uncertain); "
+                                    f"positions ({len(textured)} tiles sharing texture) max {pmax:.2f} / median {pmed:.2f} px"
+                                    + (f" (blank tiles, by the stage model: {pblank:.2f} px)" if spec.blank_tiles else "")
+                                    + f"; {sum(r['accepted'] == '1' for r in pairs)} of {len(pairs)} pairs "
+                                    f"accepted, {wrong} more than 1 px wrong",
                    "no_correction": f"flat of ones {np.mean(ones):.2%} / worst {max(ones):.2%}"}
             worst.setdefault("ours_flat_mean", []).append(np.mean(ours_f))
             worst.setdefault("ours_flat_worst", []).append(max(ours_f))
             worst.setdefault("ours_pos_max", []).append(pmax)
+            worst.setdefault("ours_wrong_pairs", []).append(wrong)
             unflagged = [d for (ch, z), d in zip(keys, ours_d) if not shading[f"{ch}/{z}"]["offset_uncertain"]]
             worst.setdefault("ours_offset_unflagged", []).append(max(unflagged, default=0.0))
-            if peers:
+            peer_text = []
+            if run_basicpy:
                 planes = [noisy_planes(raw, ds, ch, z) for ch, z in keys]
-                peer_text = []
                 for label, settings in (("default (flat only)", {}),
                                         ("darkfield, sort_intensity, approximate",
                                          {"get_darkfield": True, "sort_intensity": True,
@@ -164,22 +209,30 @@ def main():
                     peer_text.append(f"basicpy {label}: flatfield {np.mean(f):.2%} / worst {max(f):.2%}")
                     worst.setdefault(f"basicpy {label} mean", []).append(np.mean(f))
                     worst.setdefault(f"basicpy {label} worst", []).append(max(f))
-                apos, aseconds = ashlar_positions(ds, raw)
-                amax, amed, ablank = position_errors(apos, ds.positions[0], spec.blank_tiles)
-                peer_text.append(f"ASHLAR 1.20 (true shading given): positions max {amax:.2f} / median {amed:.2f} px"
-                                 + (f" (blank tiles {ablank:.2f} px)" if spec.blank_tiles else ""))
-                worst.setdefault("ashlar_pos_max", []).append(amax)
-                row.update(peer="basicpy 2.0.0; ASHLAR 1.20", peer_accuracy="; ".join(peer_text), peer_s=aseconds)
+            if run_ashlar:
+                for sigma in ASHLAR_FILTERS:
+                    apos, aseconds = ashlar_positions(ds, raw, sigma)
+                    amax, amed, ablank = position_errors(apos, ds.positions[0], textured, spec.blank_tiles)
+                    peer_text.append(f"ASHLAR 1.20 --filter-sigma {sigma:g} (true shading given): positions max "
+                                     f"{amax:.2f} / median {amed:.2f} px"
+                                     + (f" (blank tiles {ablank:.2f} px)" if spec.blank_tiles else ""))
+                    worst.setdefault(f"ashlar_filter{sigma:g}_pos_max", []).append(amax)
+            if peer_text:
+                row.update(peer="; ".join(n for n, on in (("basicpy 2.0.0", run_basicpy), ("ASHLAR 1.20", run_ashlar))
+                                          if on), peer_accuracy="; ".join(peer_text))
+                if run_ashlar:
+                    row["peer_s"] = aseconds
             rows.append(row)
             print(json.dumps(row), flush=True)
     summary = {k: float(max(v)) for k, v in worst.items()}
     rows.append({"what": f"worst case over {len(rows)} regimes",
                  "ours_accuracy": f"flatfield mean {summary['ours_flat_mean']:.2%}, worst plane "
                                   f"{summary['ours_flat_worst']:.2%}; offset (unflagged planes) "
-                                  f"{summary['ours_offset_unflagged']:.0%}; positions max {summary['ours_pos_max']:.2f} px",
+                                  f"{summary['ours_offset_unflagged']:.0%}; positions max {summary['ours_pos_max']:.2f} px; "
+                                  f"wrong pairs accepted {summary['ours_wrong_pairs']:.0f}",
                  "peer_accuracy": "; ".join(f"{k} {v:.2%}" if "basicpy" in k else f"{k} {v:.2f} px"
                                             for k, v in summary.items() if not k.startswith("ours"))})
-    write_result("stitch_sweep", rows, notes="synthetic regimes written by plexgpu synth; ours = stages.stitch "
+    write_result("stitch_sweep" if run_basicpy and run_ashlar else "stitch_sweep_positions", rows, notes="synthetic regimes written by plexgpu synth; ours = stages.stitch "
                  "(CPU); peers on the same raw tiles (basicpy) or the same reference plane with true shading (ASHLAR)")
 
 
