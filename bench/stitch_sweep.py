@@ -184,9 +184,11 @@ def main():
             wrong = wrong_pairs(pairs, ds.positions[0], step)
             row = {"what": f"stitch stage, {name}", "ours_s": seconds,
                    "ours_accuracy": f"flatfield {np.mean(ours_f):.2%} / worst {max(ours_f):.2%}; offset worst "
-                                    f"{max(ours_d):.0%} (mean offset {min(bias):+.1f} to {max(bias):+.1f} counts from the truth; "
+                                    f"{max(ours_d):.0%} (mean offset {min(bias):+.1f} to {max(bias):+.1f} counts from "
+                                    "the truth; "
                                     f"{flagged} of {len(keys)} planes flagged uncertain); "
-                                    f"positions ({len(textured)} tiles sharing texture) max {pmax:.2f} / median {pmed:.2f} px"
+                                    f"positions ({len(textured)} tiles sharing texture) max {pmax:.2f} / median "
+                                    f"{pmed:.2f} px"
                                     + (f" (blank tiles, by the stage model: {pblank:.2f} px)" if spec.blank_tiles else "")
                                     + f"; {sum(r['accepted'] == '1' for r in pairs)} of {len(pairs)} pairs "
                                     f"accepted, {wrong} more than 1 px wrong",
@@ -228,12 +230,13 @@ def main():
     rows.append({"what": f"worst case over {len(rows)} regimes",
                  "ours_accuracy": f"flatfield mean {summary['ours_flat_mean']:.2%}, worst plane "
                                   f"{summary['ours_flat_worst']:.2%}; offset (unflagged planes) "
-                                  f"{summary['ours_offset_unflagged']:.0%}; positions max {summary['ours_pos_max']:.2f} px; "
+                                  f"{summary['ours_offset_unflagged']:.0%}; positions max "
+                                  f"{summary['ours_pos_max']:.2f} px; "
                                   f"wrong pairs accepted {summary['ours_wrong_pairs']:.0f}",
                  "peer_accuracy": "; ".join(f"{k} {v:.2%}" if "basicpy" in k else f"{k} {v:.2f} px"
                                             for k, v in summary.items() if not k.startswith("ours"))})
-    write_result("stitch_sweep" if run_basicpy and run_ashlar else "stitch_sweep_positions", rows, notes="synthetic regimes written by plexgpu synth; ours = stages.stitch "
-                 "(CPU); peers on the same raw tiles (basicpy) or the same reference plane with true shading (ASHLAR)")
+    write_result("stitch_sweep" if run_basicpy and run_ashlar else "stitch_sweep_positions", rows,
+                 notes="synthetic regimes written by plexgpu synth; ours = stages.stitch (CPU); peers on the same raw tiles (basicpy) or the same reference plane with true shading (ASHLAR)")
 
 
 if __name__ == "__main__":
