@@ -236,7 +236,8 @@ def main():
                  "peer_accuracy": "; ".join(f"{k} {v:.2%}" if "basicpy" in k else f"{k} {v:.2f} px"
                                             for k, v in summary.items() if not k.startswith("ours"))})
     write_result("stitch_sweep" if run_basicpy and run_ashlar else "stitch_sweep_positions", rows,
-                 notes="synthetic regimes written by plexgpu synth; ours = stages.stitch (CPU); peers on the same raw tiles (basicpy) or the same reference plane with true shading (ASHLAR)")
+                 notes="synthetic regimes written by plexgpu synth; ours = stages.stitch (CPU); "
+                       "peers on the same raw tiles (basicpy) or the same reference plane with true shading (ASHLAR)")
 
 
 if __name__ == "__main__":
