@@ -193,3 +193,11 @@ def test_stage_states_from_job_records(tmp_path):
     assert states["deconvolve", "cyc001"] == qc_state.StageState("fail", "MemoryError: out of memory", str(log))
     assert states["edf", "cyc001"] == qc_state.StageState("not run", "waits for deconvolve")
     assert states["registration", "cyc001"].status == "not run"
+
+
+def test_a_plane_left_to_basic_alone_is_named():
+    """The fallback a plane gets when its overlaps cannot refine the flatfield is said, plane by plane."""
+    refined = {"refined": True}
+    assert qc.unrefined_planes({"1/1": refined, "1/2": refined}) is None
+    msg = qc.unrefined_planes({"1/1": refined, "2/3": {"refined": False}, "2/10": {"refined": False}})
+    assert msg.startswith("flatfield from BaSiC alone on 2 of 3 planes (CH2 Z003, CH2 Z010)")

@@ -254,6 +254,21 @@ def tile_graph_picture(mosaic_plane, footprints: list, pairs: list[dict]) -> np.
     return np.asarray(img)
 
 
+def unrefined_planes(shading: dict) -> str | None:
+    """The fallback a plane gets when too few overlap samples are left to refine its flatfield (pairs
+    rejected, tissue on too few overlaps): BaSiC's statistics alone, which take the specimen's own
+    structure for shading (7-10 % on dense nuclei, 15-48 % on sparse or large-offset fields, where
+    the refined flatfield errs 0.3-2 %). None where every plane was refined."""
+    alone = sorted((k for k, v in shading.items() if not v.get("refined", True)),
+                   key=lambda k: tuple(int(v) for v in k.split("/")))
+    if not alone:
+        return None
+    names = ", ".join(f"CH{c} Z{int(z):03d}" for c, z in (k.split("/") for k in alone[:6]))
+    more = f" and {len(alone) - 6} more" if len(alone) > 6 else ""
+    return (f"flatfield from BaSiC alone on {len(alone)} of {len(shading)} planes ({names}{more}): too few "
+            "matched overlaps to refine it; BaSiC alone can take the specimen for shading (several %)")
+
+
 def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str, stitched: str,
               png: str, shading_png: str, out_json: str) -> dict:
     """Mosaic with its tile graph; flat- and darkfield per channel and z (colour-mapped, ranges in
@@ -298,11 +313,14 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
             problems.append(("warn", f"CH{ch}: camera offset uncertain, {o['counts']:.0f} +- {o['standard_error']:.0f} "
                                      f"counts against a dimmest light floor of {o['light_floor']:.0f} (every tile "
                                      "carries light): give basic.darkfield: <counts> or a dark frame"))
+    if problem := unrefined_planes(planes.shading):
+        problems.append(("warn", problem))
     saturated = {k: v for k, v in planes.saturated_after_correction.items() if v}
     if saturated:
         problems.append(("warn", f"pixels saturated by the correction in channel(s) {', '.join(saturated)}"))
     metrics = {"cycle": cycle, "pairs": len(pairs), "pairs_accepted": len(accepted),
                "defective_pixels": planes.defective_pixels, "offsets": planes.offsets,
+               "planes_unrefined": sorted(k for k, v in planes.shading.items() if not v.get("refined", True)),
                "seam_ncc_min": min(ncc) if ncc else None, "seam_ncc_median": float(np.median(ncc)) if ncc else None,
                "flat_colour_range": [flat_lo, flat_hi], "dark_colour_range": [dark_lo, dark_hi],
                "shading": shading, "histogram": histogram(plane), "histogram_of": f"{Path(stitched).name} z{mid + 1}",
