@@ -201,3 +201,18 @@ def test_a_plane_left_to_basic_alone_is_named():
     assert qc.unrefined_planes({"1/1": refined, "1/2": refined}) is None
     msg = qc.unrefined_planes({"1/1": refined, "2/3": {"refined": False}, "2/10": {"refined": False}})
     assert msg.startswith("flatfield from BaSiC alone on 2 of 3 planes (CH2 Z003, CH2 Z010)")
+
+
+def test_one_camera_one_offset_across_cycles():
+    """A cycle whose fitted camera offset differs from the other cycles' beyond their errors is named, with the
+    value all cycles give together; cycles that agree within their errors are not."""
+    def rec(counts, se=1.0, floor=100.0):
+        return {"counts": counts, "standard_error": se, "light_floor": floor, "uncertain": False, "per_plane": []}
+    rows, reasons = qc.camera_across_cycles({"cyc001": {"1": rec(105), "2": rec(120)},
+                                             "cyc002": {"1": rec(106), "2": rec(121)},
+                                             "cyc003": {"1": rec(131), "2": rec(119.5)},
+                                             "cyc004": {"1": rec(104), "2": rec(140, se=15)}})
+    assert list(reasons) == ["cyc003"] and len(reasons["cyc003"]) == 1
+    assert reasons["cyc003"][0].startswith("CH1: camera offset 131 ± 1 counts, the other cycles' 105")
+    assert "basic.darkfield: 105 (the other cycles together)" in reasons["cyc003"][0]
+    assert [r["channel"] for r in rows] == ["1", "2"] and rows[0]["cyc003"] == "131.0 ± 1.0"

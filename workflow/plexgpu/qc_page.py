@@ -110,7 +110,10 @@ def write_index(out_html: str, out_json: str, inputs, cycles: list[str], channel
     qc_of = {s.name: {m["cycle"]: m for m in map(load, inputs[s.name])}
              for s in paths.PIPELINE if s.per_cycle and s.name in inputs.keys()}
     reg_m = load(inputs["registration"][0]) if "registration" in inputs.keys() and inputs["registration"] else None
+    camera_rows, camera_reasons = qc.camera_across_cycles({c: m.get("offsets", {})
+                                                           for c, m in qc_of.get("stitch", {}).items()})
     data = {**{s: list(by_cycle.values()) for s, by_cycle in qc_of.items()}, "registration": reg_m,
+            "camera": {"offsets": camera_rows, "warnings": camera_reasons},
             "stage_states": {f"{st}/{c}": asdict(v) for (st, c), v in states.items()}}
     write_text_atomic(out_json, json.dumps(data, indent=1))
     here = Path(out_html).parent
@@ -127,7 +130,12 @@ def write_index(out_html: str, out_json: str, inputs, cycles: list[str], channel
             reasons = [r for r in reg_m["reasons"] if r.startswith(c + ":")]
             return {"status": "warn" if reasons else "ok", "reasons": reasons}
         return qc_of[s][c] if c in qc_of.get(s, {}) else no_qc
-    verdict = {c: {s: cell(c, s) for s in stages} for c in cycles}
+
+    def with_camera(c, s, v):
+        if s != "stitch" or c not in camera_reasons or states[s, c].status != "done":
+            return v
+        return {**v, "status": "fail" if v["status"] == "fail" else "warn", "reasons": v["reasons"] + camera_reasons[c]}
+    verdict = {c: {s: with_camera(c, s, cell(c, s)) for s in stages} for c in cycles}
     counts = {s: sum(v[st]["status"] == s for v in verdict.values() for st in stages) for s in COLOURS}
     counts = {s: n for s, n in counts.items() if n or s in ("ok", "warn", "fail")}
 
@@ -144,6 +152,12 @@ def write_index(out_html: str, out_json: str, inputs, cycles: list[str], channel
                         for s in stages)
         parts.append(f"<tr><th><a href='#{c}'>{c}</a></th>{cells}</tr>")
     parts.append("</table>")
+    # -- the camera across cycles
+    if camera_rows:
+        parts.append("<h2>Camera offset across cycles</h2><p class='small'>One camera, one offset: each cycle's "
+                     "fitted offset per channel (counts, standard error) and all cycles' weighted mean.</p>"
+                     + _table(camera_rows, ["channel"] + [c for c in cycles if any(c in r for r in camera_rows)]
+                              + ["all cycles"]))
     # -- registration across cycles
     if reg_m is not None:
         parts.append(f"<h2>Registration (reference {html.escape(reg_m['reference_cycle'])})</h2>"
