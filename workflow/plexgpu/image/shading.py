@@ -301,7 +301,8 @@ BOOTSTRAP = 20                   # ... this many times (seeded: the same data gi
 
 def _joint_fit(parts, keep, blocks=None) -> tuple[np.ndarray, np.ndarray]:
     """Shared affine offset (c0, cy, cx) and a light level m_z >= 0 per plane, the SUPPORT_QUANTILE lower
-    support of the planes ``keep`` together: envelope_z = offset + m_z flatfield_z. ``blocks``: the block indices used (repeats allowed), default all."""
+    support of the planes ``keep`` together: envelope_z = offset + m_z flatfield_z. ``blocks``: the block
+    indices used (repeats allowed), default all."""
     rows, b = [], []
     for j, k in enumerate(keep):
         L, F, yy, xx = parts[k]
