@@ -62,10 +62,11 @@ def test_a_dark_frame_names_its_hot_pixels():
     assert list(zip(d.y.tolist(), d.x.tolist())) == [(10, 20)] and d.kind == ["dark frame"]
 
 
-def _run_stitch(tmp_path, ds):
+def _run_stitch(tmp_path, ds, basic_cfg: dict | None = None):
     """The stitch stage on a written synthetic data set, its outputs where the registry puts them."""
     raw = ds.write(tmp_path / "raw")
-    config = validate_config({"raw_dir": str(raw), "results_dir": str(tmp_path / "res"), "compute": {"device": "cpu"}})
+    config = validate_config({"raw_dir": str(raw), "results_dir": str(tmp_path / "res"), "compute": {"device": "cpu"},
+                              "basic": basic_cfg or {}})
     cs = cycle_spec(resolve_experiment(config), 1)
     out = paths.outputs("stitch", tmp_path / "res", list(cs.channels), cs.key)
     (tmp_path / "res" / "stitched" / cs.key).mkdir(parents=True)

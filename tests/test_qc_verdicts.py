@@ -214,5 +214,5 @@ def test_one_camera_one_offset_across_cycles():
                                              "cyc004": {"1": rec(104), "2": rec(140, se=15)}})
     assert list(reasons) == ["cyc003"] and len(reasons["cyc003"]) == 1
     assert reasons["cyc003"][0].startswith("CH1: camera offset 131 ± 1 counts, the other cycles' 105")
-    assert "basic.darkfield: 105 (the other cycles together)" in reasons["cyc003"][0]
+    assert "basic.darkfield: {1: 105} (the other cycles together)" in reasons["cyc003"][0]
     assert [r["channel"] for r in rows] == ["1", "2"] and rows[0]["cyc003"] == "131.0 ± 1.0"

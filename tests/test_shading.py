@@ -117,3 +117,27 @@ def test_an_offset_the_field_cannot_pin_down_is_flagged():
     print(f"camera offset {truth.mean():.1f}: fitted {off.image.mean():.1f} +- {off.uncertainty:.1f}, "
           f"light floor {off.light_floor:.1f}, uncertain {off.uncertain}")
     assert abs(error) <= 10 or off.uncertain
+
+
+def test_the_offset_given_per_channel(tmp_path):
+    """basic.darkfield: {2: <counts>} (YAML int key): channel 2 uses the given offset on every plane,
+    channel 1 is still fitted; a channel key that is no number, or false inside the map, is refused."""
+    import json
+
+    import yaml
+    from plexgpu.config import ConfigError, validate_config
+    from test_defects import _run_stitch
+
+    ds = SynthDataset(SynthSpec(**{**BASE, "channels": 2}))
+    given = float(ds.darkfield(2, 1).mean())
+    setting = yaml.safe_load(f"darkfield: {{2: {given}}}")
+    _, _, out, _ = _run_stitch(tmp_path, ds, setting)
+    record = json.loads(open(out["planes"]).read())
+    assert {k: v["offset"] for k, v in record["shading"].items()} == {"1/1": "fitted", "1/2": "fitted",
+                                                                       "1/3": "fitted", "2/1": "given",
+                                                                       "2/2": "given", "2/3": "given"}
+    assert all(abs(record["shading"][f"2/{z}"]["offset_mean"] - given) < 1e-3 for z in (1, 2, 3))
+    assert list(record["offsets"]) == ["1"]
+    for bad in ({"darkfield": {"x": 100}}, {"darkfield": {2: False}}, {"darkfield": {}}):
+        with pytest.raises(ConfigError, match="basic.darkfield"):
+            validate_config({"raw_dir": "r", "basic": bad})

@@ -65,6 +65,9 @@ def _key_path(error) -> str:
     return ".".join(parts) if parts else "<top level>"
 
 
+CHANNEL_MAPS = (("optics", "emission_nm"), ("deconvolution", "psf_file"), ("basic", "darkfield"))  # {channel: ..}
+
+
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     """Validate ``config`` in place against the schema and fill in its defaults.
 
@@ -75,10 +78,10 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     from snakemake.utils import validate
 
     _check_size(config, "given")                 # what Snakemake read, in each job's parse too
-    optics = config.get("optics")
-    if isinstance(optics, dict) and isinstance(optics.get("emission_nm"), dict):
-        # YAML reads `1: 461` with an int key; the schema (JSON) speaks strings
-        optics["emission_nm"] = {str(k): v for k, v in optics["emission_nm"].items()}
+    for section, key in CHANNEL_MAPS:       # YAML reads `1: 461` with an int key; the schema (JSON) speaks strings
+        part = config.get(section)
+        if isinstance(part, dict) and isinstance(part.get(key), dict):
+            part[key] = {str(k): v for k, v in part[key].items()}
     try:
         validate(config, str(SCHEMA_PATH))
     except Exception as exc:  # snakemake wraps jsonschema's error in a WorkflowError

@@ -217,8 +217,9 @@ def _read_headers(exp: Experiment, config: dict, workers: int) -> None:
             raise RawDataError(str(exc)) from None
     from .image.basic import known_offset
 
-    # a dark frame: readable and of the tiles' shape (a number or true/false: nothing to read)
-    known_offset(config["basic"]["darkfield"], exp.tile_shape, config["basic"]["working_size"])
+    # a dark frame: readable and of the tiles' shape (a number or true/false: nothing to read), per channel
+    for ch in exp.channels:
+        known_offset(config["basic"]["darkfield"], exp.tile_shape, config["basic"]["working_size"], ch)
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,7 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
         if o["uncertain"]:
             problems.append(("warn", f"CH{ch}: camera offset uncertain, {o['counts']:.0f} +- {o['standard_error']:.0f} "
                                      f"counts against a dimmest light floor of {o['light_floor']:.0f} (every tile "
-                                     "carries light): give basic.darkfield: <counts> or a dark frame"))
+                                     "carries light): give basic.darkfield: {" + str(ch) + ": <counts>} or a dark frame"))
     if problem := unrefined_planes(planes.shading):
         problems.append(("warn", problem))
     saturated = {k: v for k, v in planes.saturated_after_correction.items() if v}
@@ -367,7 +367,7 @@ def camera_across_cycles(offsets: dict[str, dict]) -> tuple[list[dict], dict[str
                 reasons.setdefault(c, []).append(
                     f"CH{ch}: camera offset {x[i]:.0f} ± {o['standard_error']:.0f} counts, the other cycles' {m:.0f}: "
                     f"one camera, one offset; a dim marker reads {diff:+.0f} counts here. Give basic.darkfield: "
-                    f"{m:.0f} (the other cycles together) or a dark frame")
+                    f"{{{ch}: {m:.0f}}} (the other cycles together) or a dark frame")
     return rows, reasons
 
 

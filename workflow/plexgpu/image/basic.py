@@ -41,19 +41,26 @@ DARK_SIGMA = 2.0         # ... smoothed by a Gaussian of this sigma (working-siz
 
 @dataclass(frozen=True)
 class DarkfieldSetting:
-    """Config key ``basic.darkfield``, read here only, into what it means:
+    """Config key ``basic.darkfield``, read here only, into what it means for one channel:
 
     * ``fit`` (``true``): the camera offset is estimated under the dimmest tiles (image.shading);
     * ``off`` (``false``): no offset is subtracted;
     * ``counts`` (a number): the camera offset the user knows, the same at every pixel;
-    * ``frame`` (a path): a dark frame TIFF (or a stack of them: their mean)."""
+    * ``frame`` (a path): a dark frame TIFF (or a stack of them: their mean).
+
+    ``{channel: counts or path}`` gives it per channel (each camera or readout mode has its own offset);
+    a channel not listed is fitted."""
 
     mode: str
     counts: float | None = None
     frame: str | None = None
 
     @classmethod
-    def from_config(cls, setting) -> "DarkfieldSetting":
+    def from_config(cls, setting, channel: int | None = None) -> "DarkfieldSetting":
+        if isinstance(setting, dict):
+            if channel is None:
+                return cls("fit")                 # per channel: an offset is subtracted on every channel
+            setting = setting.get(str(channel), setting.get(channel, True))
         if setting is True:
             return cls("fit")
         if setting is False:
@@ -62,8 +69,8 @@ class DarkfieldSetting:
             return cls("counts", counts=float(setting))
         if isinstance(setting, str):
             return cls("frame", frame=setting)
-        raise ValueError(f"config key basic.darkfield: true, false, a number of counts or a dark frame path, "
-                         f"not {setting!r}")
+        raise ValueError(f"config key basic.darkfield: true, false, a number of counts, a dark frame path or "
+                         f"{{channel: counts or path}}, not {setting!r}")
 
     @property
     def subtracted(self) -> bool:
@@ -88,13 +95,14 @@ class BasicParams:
         return cls(**kw)
 
 
-def known_offset(setting, tile_shape: tuple[int, int], working_size: int):
-    """``basic.darkfield`` where the user states the offset: (full-size, working-size) float32 images
-    of a camera offset (a number) or a dark frame (a TIFF path); None where it is fitted or off."""
+def known_offset(setting, tile_shape: tuple[int, int], working_size: int, channel: int | None = None):
+    """``basic.darkfield`` where the user states the offset (of ``channel``, where it is given per channel):
+    (full-size, working-size) float32 images of a camera offset (a number) or a dark frame (a TIFF path);
+    None where it is fitted or off."""
     from ..io.raw import RawDataError
     from ..io.tiff import read_tiff
 
-    given = DarkfieldSetting.from_config(setting)
+    given = DarkfieldSetting.from_config(setting, channel)
     if given.mode == "counts":
         full = np.full(tile_shape, given.counts, np.float32)
         return full, np.full((working_size, working_size), given.counts, np.float32)

@@ -30,7 +30,7 @@ flatfield. The offset is the affine (constant + gradient) part of the envelope's
 after an F-shaped light floor is taken out (quantile regression). Where every tile carries
 light at every pixel (a dense stain, no bare slide) the two cannot be told apart well; when
 that floor exceeds half the offset, the plane is flagged so the user can give the offset
-(``basic.darkfield: <counts>``).
+(``basic.darkfield: {channel: <counts>}``).
 """
 
 from __future__ import annotations

@@ -107,10 +107,11 @@ def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane,
         found = d if found is None else found.union(d)
         shape = tuple(tiles[0].shape)
         del tiles
-    if basic.DarkfieldSetting.from_config(basic_cfg["darkfield"]).frame:
-        frame = basic.known_offset(basic_cfg["darkfield"], shape, basic_cfg["working_size"])[0]
+    frames = {basic.DarkfieldSetting.from_config(basic_cfg["darkfield"], ch).frame for ch in spec.channels} - {None}
+    for path in sorted(frames):                  # one camera: the union of its dark frames' hot pixels
+        frame = basic.known_offset(path, shape, basic_cfg["working_size"])[0]
         from_frame = defects.defects_in_dark_frame(frame)
-        log.info("dark frame: %d hot pixels", len(from_frame))
+        log.info("dark frame %s: %d hot pixels", path, len(from_frame))
         found = from_frame.union(found)
     write_text_atomic(out["defects"], found.csv())
     if len(found):
@@ -252,40 +253,41 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
     ws = params.working_size
     pairs = [(p.a, p.b, model.positions[p.b] - model.positions[p.a]) for p in model.pairs if p.accepted]
     scale = (ws / tile_shape[0], ws / tile_shape[1])
-    given = basic.known_offset(basic_cfg["darkfield"], tile_shape, ws)
+    given = {ch: basic.known_offset(basic_cfg["darkfield"], tile_shape, ws, ch) for ch in spec.channels}
+    fitted = [ch for ch in spec.channels if params.darkfield and given[ch] is None]
 
     def inputs(i):
         envelope = xpmod.to_host(fit.darkfield[i]).astype(np.float64) if params.darkfield else None
         return xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]), envelope
 
-    if params.darkfield and given is None:      # fitted: one offset per channel, from all its planes at once
-        firsts = list(ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale), range(len(planes))))
-        offsets = {}
-        for ch in spec.channels:
-            mine = [i for i, (c, _) in enumerate(planes) if c == ch]
-            offsets[ch] = off = shading.estimate_channel_offset(
-                [xpmod.to_host(fit.darkfield[i]).astype(np.float64) for i in mine], [firsts[i] for i in mine])
-            log.info("CH%d: camera offset %.1f counts (standard error %.1f over %d planes; each plane alone %s), "
-                     "dimmest light floor %.0f counts", ch, float(off.image.mean()), off.uncertainty, len(mine),
-                     " ".join(f"{v:.0f}" for v in off.per_plane), off.light_floor)
-            if off.uncertain:
-                log.warning("CH%d: the camera offset is uncertain: %.1f +- %.1f counts (about %.0f-%.0f) against a "
-                            "dimmest light floor of %.0f counts; give it as basic.darkfield: <counts> or a dark "
-                            "frame", ch, float(off.image.mean()), off.uncertainty,
-                            float(off.image.mean()) - 2 * off.uncertainty, float(off.image.mean()) + 2 * off.uncertainty,
-                            off.light_floor)
-        del firsts
+    offsets = {}                                 # fitted: one offset per channel, from all its planes at once
+    mine = {ch: [i for i, (c, _) in enumerate(planes) if c == ch] for ch in fitted}
+    firsts = dict(zip(sum(mine.values(), []), ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale),
+                                                           sum(mine.values(), []))))
+    for ch in fitted:
+        offsets[ch] = off = shading.estimate_channel_offset(
+            [xpmod.to_host(fit.darkfield[i]).astype(np.float64) for i in mine[ch]], [firsts[i] for i in mine[ch]])
+        log.info("CH%d: camera offset %.1f counts (standard error %.1f over %d planes and the field; each plane "
+                 "alone %s), dimmest light floor %.0f counts", ch, float(off.image.mean()), off.uncertainty,
+                 len(mine[ch]), " ".join(f"{v:.0f}" for v in off.per_plane), off.light_floor)
+        if off.uncertain:
+            log.warning("CH%d: the camera offset is uncertain: %.1f +- %.1f counts (about %.0f-%.0f) against a "
+                        "dimmest light floor of %.0f counts; give it as basic.darkfield: {%d: <counts>} or a dark "
+                        "frame", ch, float(off.image.mean()), off.uncertainty,
+                        float(off.image.mean()) - 2 * off.uncertainty, float(off.image.mean()) + 2 * off.uncertainty,
+                        off.light_floor, ch)
+    del firsts
 
-        def one(i):
-            return shading.shade_with_offset(*inputs(i), pairs, scale, offsets[planes[i][0]])
-    else:
-        def one(i):
-            return shading.shade_plane(*inputs(i), pairs, scale, None if given is None else given[1])
+    def one(i):
+        ch = planes[i][0]
+        if ch in offsets:
+            return shading.shade_with_offset(*inputs(i), pairs, scale, offsets[ch])
+        return shading.shade_plane(*inputs(i), pairs, scale, None if given[ch] is None else given[ch][1])
 
     shades = list(ctx.pool.map(one, range(len(planes))))
     record = {str(ch): {"counts": float(o.image.mean()), "standard_error": o.uncertainty,
                         "per_plane": list(o.per_plane), "light_floor": o.light_floor, "uncertain": o.uncertain}
-              for ch, o in (offsets.items() if params.darkfield and given is None else ())}
+              for ch, o in offsets.items()}
     for (ch, z), sh in zip(planes, shades):
         r = sh.refinement
         if r.degree is None:
