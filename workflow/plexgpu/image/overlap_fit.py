@@ -58,7 +58,7 @@ def _sampler(xp, b):
     """Spline coefficients of b and of its y and x central differences."""
     ndi = xpmod.ndimage(xp)
     gy, gx = xp.gradient(b)
-    return [ndi.spline_filter(v, order=3, mode="nearest") for v in (b, gy, gx)]
+    return [ndi.spline_filter(v, order=3, output=xp.float32, mode="nearest") for v in (b, gy, gx)]
 
 
 def _sample(xp, coeffs, region, offset):
@@ -66,8 +66,8 @@ def _sample(xp, coeffs, region, offset):
     each (y1 - y0, x1 - x0)."""
     ndi = xpmod.ndimage(xp)
     y0, y1, x0, x1 = region
-    yy, xx = xp.meshgrid(xp.arange(y0, y1, dtype=xp.float32) - offset[0],
-                         xp.arange(x0, x1, dtype=xp.float32) - offset[1], indexing="ij")
+    yy, xx = xp.meshgrid(xp.arange(y0, y1, dtype=xp.float32) - np.float32(offset[0]),
+                         xp.arange(x0, x1, dtype=xp.float32) - np.float32(offset[1]), indexing="ij")
     coords = xp.stack([yy.ravel(), xx.ravel()])
     return [ndi.map_coordinates(c, coords, order=3, mode="nearest", prefilter=False).reshape(yy.shape)
             for c in coeffs]
@@ -87,7 +87,7 @@ def exact_ncc(ta, tb, offset) -> float:
     region = _region(ta.shape, offset)
     if (region[1] - region[0]) * (region[3] - region[2]) < MIN_PIXELS:
         return 0.0
-    coeffs = [xpmod.ndimage(xp).spline_filter(tb, order=3, mode="nearest")]
+    coeffs = [xpmod.ndimage(xp).spline_filter(tb, order=3, output=xp.float32, mode="nearest")]
     y0, y1, x0, x1 = region
     return _ncc(xp, ta[y0:y1, x0:x1].ravel(), _sample(xp, coeffs, region, offset)[0].ravel())
 
@@ -102,7 +102,7 @@ def fit_offset(ta, tb, offset) -> OverlapFit:
     start_ncc = exact_ncc(ta, tb, start)
     o = np.array(start)
     coeffs = _sampler(xp, tb)
-    gain = sol = None
+    sol = None
     for sigma in SIGMAS:
         for _ in range(ITERATIONS):
             region = _region(ta.shape, o)
@@ -118,18 +118,23 @@ def fit_offset(ta, tb, offset) -> OverlapFit:
             # a ~ G B + C - G (By dy + Bx dx), G and C planes over the overlap (the shading left after the
             # first correction differs between the two tiles' sides: a gain ramp on blobs mimics a shift);
             # moving b by d samples it at (y - oy - dy, x - ox - dx)
-            if gain is None:
+            if sol is None:
                 gain = xp.full_like(B, float((a - a.mean()) @ (B - B.mean())) / max(float(((B - B.mean()) ** 2).sum()),
                                                                                    1e-12))
             else:
-                gain = sol[2] + sol[3] * py + sol[4] * px
-            J = xp.stack([-gain * By, -gain * Bx, B, B * py, B * px, xp.ones_like(B), py, px], 1).astype(xp.float64)
+                gain = np.float32(sol[2]) + np.float32(sol[3]) * py + np.float32(sol[4]) * px
+            J = xp.stack([-gain * By, -gain * Bx, B, B * py, B * px, xp.ones_like(B), py, px], 1)
             res = a - gain * B
             res = res - xp.median(res)
-            scale = 1.4826 * float(xp.median(xp.abs(res))) + 1e-6
-            wt = xp.sqrt(1.0 / (1.0 + (res / (ROBUST_C * scale)) ** 2)).astype(xp.float64)   # Cauchy: dust, one-tile objects
-            sol = xp.linalg.lstsq(J * wt[:, None], a.astype(xp.float64) * wt, rcond=None)[0]
-            step = xpmod.to_host(sol[:2])
+            scale = np.float32(1.4826 * float(xp.median(xp.abs(res))) + 1e-6)
+            wt = xp.sqrt(1 / (1 + (res / (np.float32(ROBUST_C) * scale)) ** 2))   # Cauchy: dust, one-tile objects
+            Jw = J * wt[:, None]
+            # the 8 x 8 normal equations, formed on the device (float32), solved on the host in float64
+            try:
+                sol = np.linalg.solve(*(xpmod.to_host(v).astype(np.float64) for v in (Jw.T @ Jw, Jw.T @ (a * wt))))
+            except np.linalg.LinAlgError:            # nothing in the overlap to fit on (a flat patch)
+                return OverlapFit(start, start_ncc, start_ncc, False)
+            step = sol[:2]
             o = o + step
             if not np.all(np.isfinite(o)) or np.abs(o - start).max() > MAX_MOVE_PX:
                 return OverlapFit(start, start_ncc, start_ncc, False)
