@@ -360,7 +360,7 @@ def cmd_cancel(args) -> int:
     _, exp, workdir, profile = _run_context(args)
     alive = stop_coordinators(workdir, args.configfile)
     if alive:
-        print(f"plexgpu cancel: refused: this data set's coordinator PID {alive[0]} still runs 2 min after SIGTERM "
+        print(f"plexgpu cancel: refused: this data set's coordinator PID {alive[0]} still runs 2 min after SIGINT "
               f"and would submit its next job; kill it (kill -9 {alive[0]}) and run plexgpu cancel again")
         return 3
     jobs = cancel(profile_run(profile, exp.results_dir, workdir), workdir)

@@ -82,16 +82,18 @@ def unattributed_jobs(prefix: str, workdir: Path) -> list[dict]:
 
 
 def stop_coordinators(workdir: Path, configfiles: list[str], timeout: float = 120, echo=print) -> list[int]:
-    """SIGTERM this data set's live coordinators on this host and wait until they are gone (a coordinator
-    left alive submits the data set's next job after its jobs were cancelled). Returns the PIDs that are
-    still alive after ``timeout`` (none: all stopped)."""
+    """Interrupt this data set's live coordinators on this host (SIGINT, as Ctrl-C) and wait until they are
+    gone (a coordinator left alive submits the data set's next job after its jobs were cancelled). SIGINT,
+    not SIGTERM: Snakemake takes SIGTERM as "exit after the running jobs finish" and waits for them (a GPU
+    cycle job: minutes to tens of minutes), while SIGINT makes it scancel its running jobs and exit at once.
+    Returns the PIDs that are still alive after ``timeout`` (none: all stopped)."""
     import signal
 
     live = live_coordinators(workdir, configfiles)
     for pid, cmd in live:
-        echo(f"stopping this data set's coordinator first: PID {pid} ({cmd[:100]}), SIGTERM")
+        echo(f"stopping this data set's coordinator first: PID {pid} ({cmd[:100]}), SIGINT")
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
             pass
     deadline = time.time() + timeout
