@@ -115,6 +115,9 @@ def test_plan_predicts_each_stages_gpu_memory_against_the_partitions_gpu(tmp_pat
     out = " ".join(capsys.readouterr().out.split())
     assert "GPU h200 (141 GB): " in out and "GPU a100_1g.5gb (5 GB)" in out
     assert "GPU mystery: memory not known" in out
+    mosaic = tuple(int(v) for v in re.search(r"mosaic (\d+)x(\d+)", out).groups())
+    reg = gpu_memory.registration_peak(mosaic, 128) / 1e9
+    assert f"│ registration │ {reg:.1f} GB │ one job for all cycles" in out
     stitch = gpu_memory.stitch_peak(9, 5 * 2, 128) / 1e9
     assert (f"warning: stitch needs {stitch:.1f} GB of GPU memory but partition hpg-turin's GPU a100_1g.5gb has 5 GB: "
             "lower basic.working_size") in out

@@ -91,6 +91,40 @@ def test_phase_correlation_subpixel_unbiased(xp):
     assert np.sqrt((errors ** 2).mean()) <= 0.05
 
 
+def test_batched_phase_correlation_is_each_pair_alone(xp):
+    """Registration measures thousands of blocks in one batch: every pair of the batch must come out as it
+    would alone (normalisation, peak search, noise statistics and the sub-pixel refinement per pair, none
+    leaking between pairs), here with pairs 10^4 apart in brightness, a constant one and an odd size
+    (whose frequencies are not powers of two)."""
+    from scipy import ndimage
+
+    from plexgpu.image.phasecorr import phase_correlation_batch
+
+    rng = np.random.default_rng(3)
+    a, b, truth = [], [], []
+    for k in range(6):
+        img = ndimage.gaussian_filter(rng.standard_normal((140, 150)), 1.5) * (100.0 if k % 2 else 0.01)
+        shift = rng.uniform(-8, 8, 2)
+        moved = np.fft.ifft2(ndimage.fourier_shift(np.fft.fft2(img), shift)).real
+        a.append(img[10:111, 20:137])
+        b.append(moved[10:111, 20:137] + rng.normal(0, 0.02 * img.std(), (101, 117)))
+        truth.append(shift)
+    a.append(np.full((101, 117), 5.0))
+    b.append(b[0])
+    stack_a, stack_b = (xpmod.to_device(np.array(s, np.float32), xp) for s in (a, b))
+    for near, radius in ((None, None), ((0.0, 0.0), 25.0)):
+        batch = phase_correlation_batch(stack_a, stack_b, near=near, radius=radius)
+        for i in range(len(a)):
+            alone = phase_correlation(xpmod.to_device(np.float32(a[i]), xp), xpmod.to_device(np.float32(b[i]), xp),
+                                      near=near, radius=radius)
+            assert batch[i].dy == pytest.approx(alone.dy, abs=1e-3) and batch[i].dx == pytest.approx(alone.dx, abs=1e-3)
+            assert batch[i].significance == pytest.approx(alone.significance, rel=1e-4)
+            assert batch[i].ambiguity == pytest.approx(alone.ambiguity, abs=1e-4) and batch[i].n == alone.n
+            if i < len(truth):
+                assert np.hypot(batch[i].dy - truth[i][0], batch[i].dx - truth[i][1]) <= 0.1
+    assert batch[-1].significance == 0.0 and batch[-1].ambiguity == 1.0       # the constant block: no match
+
+
 def test_stage_model_ignores_outlier_pairs():
     pairs = [stitching.Pair(i, i + 1, "h", 7.6 + 0.1 * np.sin(i), -0.2) for i in range(12)]
     pairs += [stitching.Pair(i, i + 9, "v", 0.1, -7.7 + 0.1 * np.cos(i)) for i in range(12)]

@@ -261,13 +261,14 @@ def _memory_table(console, config: dict, exp) -> None:
         for t in (lim or {}).get("gpu_types") or ["(type not given)"]:
             devices[(a["partition"], t)] = gm.device_bytes(t) if t != "(type not given)" else None
     peaks = gm.cycle_peaks(spec, config, tile, {k: v for k, v in devices.items() if v})
-    mosaic, stitch, edf = peaks["mosaic"], peaks["stitch"], peaks["edf"]
+    mosaic, stitch, edf, reg = peaks["mosaic"], peaks["stitch"], peaks["edf"], peaks["registration"]
     table = Table(title=f"GPU memory per stage (cycle of {spec.rows}x{spec.cols} tiles of {tile[0]}x{tile[1]}, "
                         f"{len(spec.channels)} ch, {spec.z_planes} z; mosaic {mosaic[0]}x{mosaic[1]})")
     for col in ("stage", "predicted peak", "on"):
         table.add_column(col)
     table.add_row("stitch", f"{stitch / 1e9:.1f} GB", f"basic.working_size = {config['basic']['working_size']}")
     table.add_row("edf", f"{edf / 1e9:.1f} GB", "one mosaic plane at a time")
+    table.add_row("registration", f"{reg / 1e9:.1f} GB", "one job for all cycles, a mosaic plane at a time")
     warn = []
     for (part, t), mem in devices.items():
         if mem is None:
@@ -277,7 +278,7 @@ def _memory_table(console, config: dict, exp) -> None:
         plan = peaks["deconvolve"][(part, t)]
         table.add_row("deconvolve", f"{plan['peak_bytes'] / 1e9:.1f} GB",
                       f"partition {part}, GPU {t} ({mem / 1e9:.0f} GB): {plan['chunk']}-px chunks")
-        for stage, peak, key in (("stitch", stitch, "basic.working_size"), ("edf", edf, None),
+        for stage, peak, key in (("stitch", stitch, "basic.working_size"), ("edf", edf, None), ("registration", reg, None),
                                  ("deconvolve", plan["peak_bytes"] if plan["smallest"] else 0, None)):
             if peak > mem:
                 warn.append(f"{stage} needs {peak / 1e9:.1f} GB of GPU memory but partition {part}'s GPU {t} has "

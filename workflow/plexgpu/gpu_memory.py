@@ -11,6 +11,12 @@ sizes and prints measured / predicted for each; within 15 % there):
   fits half the free device memory, at most ``deconvolution.chunk_px``; its peak is that piece's
   ``working_bytes``. It adapts to the device, so it fits unless even the smallest chunk does not.
 - edf: one plane of the mosaic at a time, EDF_BUFFERS float32 mosaic-sized arrays.
+- registration (one job for all cycles): REGISTRATION_PLANES float32 mosaic planes (the reference, the
+  moving cycle, a channel, its spline coefficients, the registered plane), and on top, whichever is
+  larger: the coordinates of one interpolation strip of ``registration.STRIP_ROWS`` rows
+  (REGISTRATION_STRIP_BUFFERS float32 arrays of it) or the block batch being measured
+  (REGISTRATION_BATCH_BUFFERS x its float32 blocks, at most ``registration.BLOCK_BATCH_BYTES``).
+  Measured under the stand-in at 1536 and 4096 px, strips and batch each made negligible in turn.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import re
 
 STITCH_BUFFERS = 7.8     # measured: the BaSiC fit's peak over one float32 copy of its working stacks
 EDF_BUFFERS = 10.6       # measured: the EDF stage's peak over one float32 mosaic plane
+REGISTRATION_PLANES = 5.2          # measured: registration's peak over one float32 mosaic plane ...
+REGISTRATION_STRIP_BUFFERS = 12.2  # ... plus this many float32 arrays of one interpolation strip,
+REGISTRATION_BATCH_BUFFERS = 4.0   # ... or this many copies of the block batch, whichever is larger
 
 #: memory of whole GPUs by the model names SLURM's GRES types use (lower case), bytes
 GPU_MODELS = {"h200": 141e9, "h100": 80e9, "h100_nvl": 94e9, "gh200": 96e9, "b200": 180e9, "b100": 180e9,
@@ -55,10 +64,20 @@ def edf_peak(mosaic: tuple[int, int]) -> float:
     return EDF_BUFFERS * 4.0 * mosaic[0] * mosaic[1]
 
 
+def registration_peak(mosaic: tuple[int, int], block_px: int) -> float:
+    from .image.registration import BLOCK_BATCH_BYTES, STRIP_ROWS
+
+    blocks = min((mosaic[0] // block_px) * (mosaic[1] // block_px) * 4.0 * block_px ** 2, BLOCK_BATCH_BYTES)
+    strip = 4.0 * min(STRIP_ROWS, mosaic[0]) * mosaic[1]
+    return (REGISTRATION_PLANES * 4.0 * mosaic[0] * mosaic[1]
+            + max(REGISTRATION_STRIP_BUFFERS * strip, REGISTRATION_BATCH_BUFFERS * blocks))
+
+
 def cycle_peaks(spec, config: dict, tile: tuple[int, int], devices: dict | None = None) -> dict:
     """Every GPU stage's predicted peak for one cycle of ``spec`` with tiles of ``tile`` px: {"mosaic",
-    "stitch", "edf" (bytes), "deconvolve": {device: ``deconvolve_plan`` of its largest channel} for each
-    of ``devices`` ({name: free bytes})}. What plan prints and the benches check."""
+    "stitch", "edf", "registration" (bytes; registration is one job for all cycles, on mosaics of this
+    size), "deconvolve": {device: ``deconvolve_plan`` of its largest channel} for each of ``devices``
+    ({name: free bytes})}. What plan prints and the benches check."""
     from .stages._deconvolve import kernel_for, optics_for
 
     mosaic = mosaic_shape(spec.rows, spec.cols, tile, spec.overlap)
@@ -71,7 +90,8 @@ def cycle_peaks(spec, config: dict, tile: tuple[int, int], devices: dict | None 
         decon[name] = max(plans, key=lambda pl: pl["peak_bytes"])
     return {"mosaic": mosaic, "stitch": stitch_peak(spec.rows * spec.cols, len(spec.channels) * spec.z_planes,
                                                      config["basic"]["working_size"]),
-            "edf": edf_peak(mosaic), "deconvolve": decon}
+            "edf": edf_peak(mosaic), "registration": registration_peak(mosaic, config["registration"]["block_px"]),
+            "deconvolve": decon}
 
 
 def deconvolve_plan(stack: tuple[int, int, int], psf_shape: tuple[int, ...], free_bytes: float,

@@ -62,46 +62,12 @@ def hann2d(xp, shape):
     return wy[:, None] * wx[None, :]
 
 
-def _parabolic(c_m, c_0, c_p) -> float:
-    denom = c_m - 2 * c_0 + c_p
-    if denom >= 0:
-        return 0.0
-    return float(np.clip(0.5 * (c_m - c_p) / denom, -0.5, 0.5))
-
-
 def _dft_rows(xp, t, n: int, half: bool = False):
     """exp(2 pi i t k / n) for sample positions t (px) and the FFT frequencies k of an axis of n
     (all of them, or the rfft half ``k = 0..n // 2``); complex64, phases computed in float64."""
     k = np.arange(n // 2 + 1) if half else np.fft.fftfreq(n) * n
     phase = 2 * np.pi * np.outer(np.asarray(t, float), k) / n
     return xp.asarray(np.exp(1j * phase).astype(np.complex64))
-
-
-def upsampled_surface(spectrum, shape: tuple[int, int], ty, tx):
-    """Correlation surface at sub-pixel positions ``ty`` x ``tx`` (1-D arrays, px) from its rfft2
-    ``spectrum`` of a real ``shape`` surface: the inverse DFT evaluated there, exact for the
-    band-limited surface (host array, len(ty) x len(tx))."""
-    xp = xpmod.array_module(spectrum)
-    h, w = shape
-    weight = np.full(w // 2 + 1, 2.0, np.float32)   # the rfft half stands for both halves of the spectrum ...
-    weight[0] = 1.0
-    if w % 2 == 0:
-        weight[-1] = 1.0                             # ... except the frequencies that are their own mirror
-    ey = _dft_rows(xp, ty, h)                        # (len(ty), h)
-    ex = _dft_rows(xp, tx, w, half=True)             # (len(tx), w // 2 + 1)
-    part = ey @ (spectrum * xp.asarray(weight))      # (len(ty), w // 2 + 1)
-    return xpmod.to_host(xp.real(part @ ex.T)) / (h * w)
-
-
-def _refine(spectrum, shape, py: int, px: int) -> tuple[float, float]:
-    """Sub-pixel peak position near the whole-pixel peak (py, px)."""
-    steps = np.arange(-UPSAMPLE, UPSAMPLE + 1) / UPSAMPLE
-    fine = upsampled_surface(spectrum, shape, py + steps, px + steps)
-    iy, ix = np.unravel_index(int(np.argmax(fine)), fine.shape)
-    iy, ix = int(np.clip(iy, 1, fine.shape[0] - 2)), int(np.clip(ix, 1, fine.shape[1] - 2))
-    oy = _parabolic(fine[iy - 1, ix], fine[iy, ix], fine[iy + 1, ix])
-    ox = _parabolic(fine[iy, ix - 1], fine[iy, ix], fine[iy, ix + 1])
-    return py + steps[iy] + oy / UPSAMPLE, px + steps[ix] + ox / UPSAMPLE
 
 
 def _passband(xp, shape):
@@ -123,50 +89,125 @@ def _window_mask(shape, near, radius) -> np.ndarray:
     return (np.abs(dy) <= radius)[:, None] & (np.abs(dx) <= radius)[None, :]
 
 
+def _roots(xp, n: int):
+    """exp(2 pi i m / n) for m = 0..n-1 on the device (complex64, phases in float64 on the host)."""
+    return xp.asarray(np.exp(2j * np.pi * np.arange(n) / n).astype(np.complex64))
+
+
+def _refine_batch(spectrum, shape, py, px):
+    """Sub-pixel peak positions near the whole-pixel peaks (py, px: device int arrays, one per image) of
+    a batch of correlation surfaces given by their rfft2 ``spectrum`` (n, h, w // 2 + 1): the surface
+    evaluated on a grid UPSAMPLE times finer around each peak by a matrix-product DFT, all images in two
+    batched products (the integer part of each shift as a phase ramp of exact roots of unity, the
+    fraction shared), then a parabola between the finest samples. Returns host (dy, dx) arrays."""
+    xp = xpmod.array_module(spectrum)
+    h, w = shape
+    steps = np.arange(-UPSAMPLE, UPSAMPLE + 1) / UPSAMPLE
+    weight = np.full(w // 2 + 1, 2.0, np.float32)   # the rfft half stands for both halves of the spectrum ...
+    weight[0] = 1.0
+    if w % 2 == 0:
+        weight[-1] = 1.0                             # ... except the frequencies that are their own mirror
+    ky = xp.asarray(np.rint(np.fft.fftfreq(h) * h).astype(np.int64))
+    kx = xp.asarray(np.arange(w // 2 + 1, dtype=np.int64))
+    ramp_y = _roots(xp, h)[(py[:, None] * ky[None, :]) % h]          # exp(2 pi i py k / h), (n, h)
+    ramp_x = _roots(xp, w)[(px[:, None] * kx[None, :]) % w]          # (n, w // 2 + 1)
+    spectrum = spectrum * (ramp_y[:, :, None] * (ramp_x * xp.asarray(weight))[:, None, :])
+    part = xp.matmul(_dft_rows(xp, steps, h), spectrum)               # (n, len(steps), w // 2 + 1)
+    fine = xpmod.to_host(xp.real(xp.matmul(part, _dft_rows(xp, steps, w, half=True).T))) / (h * w)
+    n, k = fine.shape[0], fine.shape[1]
+    flat = fine.reshape(n, -1).argmax(axis=1)
+    iy, ix = np.clip(flat // k, 1, k - 2), np.clip(flat % k, 1, k - 2)
+    rows = np.arange(n)
+
+    def parabolic(c_m, c_0, c_p):
+        denom = c_m - 2 * c_0 + c_p
+        with np.errstate(divide="ignore", invalid="ignore"):
+            off = np.clip(0.5 * (c_m - c_p) / denom, -0.5, 0.5)
+        return np.where(denom < 0, off, 0.0)
+    oy = parabolic(fine[rows, iy - 1, ix], fine[rows, iy, ix], fine[rows, iy + 1, ix])
+    ox = parabolic(fine[rows, iy, ix - 1], fine[rows, iy, ix], fine[rows, iy, ix + 1])
+    return steps[iy] + oy / UPSAMPLE, steps[ix] + ox / UPSAMPLE
+
+
 def phase_correlation(a, b, window: bool = True, near: tuple[float, float] | None = None,
                       radius: float | None = None) -> Match:
     """Whitened, windowed phase correlation of two same-shape images (host or device).
 
     ``near``, ``radius``: search the peak only within ``radius`` px of the shift ``near`` (the
     significance threshold then counts only those positions); default: the whole surface."""
+    if getattr(a, "shape", None) != getattr(b, "shape", None):
+        raise ValueError(f"phase_correlation needs equal shapes, got {a.shape} and {b.shape}")
+    return phase_correlation_batch(a[None], b[None], window, near, radius)[0]
+
+
+def phase_correlation_batch(a, b, window: bool = True, near: tuple[float, float] | None = None,
+                            radius: float | None = None) -> list[Match]:
+    """:func:`phase_correlation` of every pair ``a[i], b[i]`` of two (n, h, w) stacks at once: batched
+    FFTs, peak search and statistics on the device, and a fixed number of device->host transfers per
+    call, not per pair (on a GPU each transfer waits for the device: thousands of blocks one at a time
+    spent more time waiting than computing)."""
     xp = xpmod.array_module(a, b)
     fft = xpmod.fft(xp)
     a = xp.asarray(a, dtype=xp.float32)
     b = xp.asarray(b, dtype=xp.float32)
-    if a.shape != b.shape:
-        raise ValueError(f"phase_correlation needs equal shapes, got {a.shape} and {b.shape}")
-    a = a - a.mean()
-    b = b - b.mean()
-    if float(xp.abs(a).max()) == 0 or float(xp.abs(b).max()) == 0:
-        return Match(0.0, 0.0, 0.0, 1.0, a.size)  # a constant image has nothing to match
+    if a.shape != b.shape or a.ndim != 3:
+        raise ValueError(f"phase_correlation_batch needs two equal (n, h, w) stacks, got {a.shape} and {b.shape}")
+    n, h, w_ = a.shape
+    a = a - a.mean(axis=(1, 2), keepdims=True)
+    b = b - b.mean(axis=(1, 2), keepdims=True)
+    flat = (xp.abs(a).max(axis=(1, 2)) == 0) | (xp.abs(b).max(axis=(1, 2)) == 0)   # nothing to match
     if window:
-        w = hann2d(xp, a.shape)
+        w = hann2d(xp, (h, w_))
         a, b = a * w, b * w
     A, B = fft.rfft2(a), fft.rfft2(b)
+    del a, b
     R = xp.conj(A) * B
     del A, B
     mag = xp.abs(R)
-    R /= xp.maximum(mag, 1e-9 * float(mag.max()))
+    R /= xp.maximum(mag, xp.maximum(1e-9 * mag.max(axis=(1, 2), keepdims=True), 1e-30))
     del mag
-    R *= _passband(xp, a.shape)
-    s = xpmod.to_host(fft.irfft2(R, s=a.shape))
-    h, w_ = s.shape
-    searched = None if near is None else _window_mask(s.shape, near, radius)
-    if searched is None:
-        py, px = divmod(int(np.argmax(s)), w_)
-        n = s.size
+    R *= _passband(xp, (h, w_))
+    s = fft.irfft2(R, s=(h, w_))
+    total = s.sum(axis=(1, 2), dtype=xp.float64)
+    squares = (s * s).sum(axis=(1, 2), dtype=xp.float64)
+    if near is None:
+        searched_n = h * w_
+        idx = xp.argmax(s.reshape(n, -1), axis=1)
     else:
-        py, px = divmod(int(np.argmax(np.where(searched, s, -np.inf))), w_)
-        n = int(searched.sum())
-    peak = float(s[py, px])
-    mask = np.ones(s.shape, bool)
-    mask[np.ix_(np.arange(py - EXCLUDE, py + EXCLUDE + 1) % h, np.arange(px - EXCLUDE, px + EXCLUDE + 1) % w_)] = False
-    rest = s[mask]
-    std = float(rest.std()) or 1e-12
-    second = float(rest.max()) if rest.size else 0.0
-    dy, dx = _refine(R, s.shape, py, px)
-    return Match(dy=float(_wrap(dy, h)), dx=float(_wrap(dx, w_)), significance=(peak - float(rest.mean())) / std,
-                 ambiguity=max(second, 0.0) / peak if peak > 0 else 1.0, n=n)
+        mask = _window_mask((h, w_), near, radius)
+        searched_n = int(mask.sum())
+        idx = xp.argmax(xp.where(xp.asarray(mask)[None], s, -xp.inf).reshape(n, -1), axis=1)
+    py, px = idx // w_, idx % w_
+    rows = xp.arange(n)
+    peak = s[rows, py, px]
+    # the peak's neighbourhood, left out of the noise statistics (each position once on a small surface)
+    ny = (py[:, None] + xp.arange(-EXCLUDE, EXCLUDE + 1)[None, :]) % h if h > 2 * EXCLUDE else \
+        xp.broadcast_to(xp.arange(h)[None, :], (n, h))
+    nx = (px[:, None] + xp.arange(-EXCLUDE, EXCLUDE + 1)[None, :]) % w_ if w_ > 2 * EXCLUDE else \
+        xp.broadcast_to(xp.arange(w_)[None, :], (n, w_))
+    at = (rows[:, None, None], ny[:, :, None], nx[:, None, :])
+    near_peak = s[at]
+    count = h * w_ - near_peak.shape[1] * near_peak.shape[2]
+    rest_mean = (total - near_peak.sum(axis=(1, 2), dtype=xp.float64)) / max(count, 1)
+    rest_var = (squares - (near_peak * near_peak).sum(axis=(1, 2), dtype=xp.float64)) / max(count, 1) - rest_mean ** 2
+    rest_std = xp.sqrt(xp.maximum(rest_var, 0))
+    rest_std = xp.where(rest_std > 0, rest_std, 1e-12)
+    s[at] = -xp.inf                                  # s is not needed any more: the rival peak outside
+    second = s.max(axis=(1, 2)) if count > 0 else xp.zeros(n, xp.float32)
+    significance = ((peak - rest_mean) / rest_std).astype(xp.float32)
+    ambiguity = xp.where(peak > 0, xp.maximum(second, 0) / xp.where(peak > 0, peak, 1), 1).astype(xp.float32)
+    del s
+    fy, fx = _refine_batch(R, (h, w_), py, px)
+    stats = xpmod.to_host(xp.stack([py.astype(xp.float32), px.astype(xp.float32), significance, ambiguity,
+                                    flat.astype(xp.float32)], axis=1))
+    out = []
+    for i in range(n):
+        if stats[i, 4]:
+            out.append(Match(0.0, 0.0, 0.0, 1.0, h * w_))   # a constant image has nothing to match
+            continue
+        out.append(Match(dy=float(_wrap(stats[i, 0] + fy[i], h)), dx=float(_wrap(stats[i, 1] + fx[i], w_)),
+                         significance=float(stats[i, 2]), ambiguity=float(stats[i, 3]), n=searched_n))
+    return out
 
 
 def ncc(a, b) -> float:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import xp as xpmod
-from .phasecorr import phase_correlation
+from .phasecorr import phase_correlation, phase_correlation_batch
 from .subpixel import shift_image
 
 MAX_AMBIGUITY = 0.8
@@ -43,6 +43,8 @@ MAX_LOCAL_JUMP = 1.0         # px: a block this far from its neighbours' median 
 MIN_WEIGHT = 0.05            # normalised smoothing weight below this: no measured block near, rigid only
 COARSE_PX = 512             # the first translation of the rigid and local models at most this size
 STRIP_ROWS = 1024            # rows interpolated at a time (the coordinates of a strip: 2 float32 planes)
+BLOCK_BATCH_BYTES = 64 << 20  # blocks measured at once: 64 MiB of float32 blocks per image (1024 blocks of
+                             # 128 px; the batch's FFTs and surfaces hold ~10x that on the device)
 
 
 class RegistrationError(RuntimeError):
@@ -155,7 +157,10 @@ def block_grid(shape, block_px: int, between: bool = False) -> tuple[np.ndarray,
 
 def measure_blocks(reference, moving, grid, block_px: int, predict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Local displacement d (moving(p + d) ~ reference(p)) of every block of ``grid`` and whether it is
-    reliable, searched around ``predict(y, x) -> (dy, dx)``. Returns (dy, dx, reliable), each (ny, nx)."""
+    reliable, searched around ``predict(y, x) -> (dy, dx)``. Returns (dy, dx, reliable), each (ny, nx).
+
+    The blocks are cut out by one gather per image and measured BLOCK_BATCH_BYTES at a time in one
+    batched phase correlation: a fixed number of device syncs per batch, not several per block."""
     xp = xpmod.array_module(reference)
     gy, gx = grid
     h, w = reference.shape
@@ -163,27 +168,42 @@ def measure_blocks(reference, moving, grid, block_px: int, predict) -> tuple[np.
     dy = np.zeros((len(gy), len(gx)), np.float32)
     dx = np.zeros_like(dy)
     ok = np.zeros(dy.shape, bool)
-    texture = MIN_BLOCK_TEXTURE * float(xp.std(reference))
+
     def origin(c, k, n_ref, n_mov):
         """The block's first row (column): at its grid place, moved inward as little as needed to lie
         inside both images (a border block is measured where both hold it); None if it cannot."""
         lo, hi = max(0, -k), min(n_ref, n_mov - k) - block_px
         return None if hi < lo else int(min(max(int(round(c)) - half, lo), hi))
 
+    blocks = []                                               # (i, j, y0, x0, ky, kx) of every block that fits
     for i, cy in enumerate(gy):
         for j, cx in enumerate(gx):
             py, px = (float(v) for v in predict(np.float64(cy), np.float64(cx)))
             ky, kx = int(round(py)), int(round(px))
             y0, x0 = origin(cy, ky, h, moving.shape[0]), origin(cx, kx, w, moving.shape[1])
-            if y0 is None or x0 is None:
-                continue                                          # the block fits in no common part
-            ref = reference[y0:y0 + block_px, x0:x0 + block_px]
-            mov = moving[y0 + ky:y0 + ky + block_px, x0 + kx:x0 + kx + block_px]
-            if float(xp.std(ref)) <= texture or float(xp.std(mov)) <= texture:
+            if y0 is not None and x0 is not None:             # else the block fits in no common part
+                blocks.append((i, j, y0, x0, ky, kx))
+    if not blocks:
+        return dy, dx, ok
+    texture = MIN_BLOCK_TEXTURE * float(xp.std(reference))
+    step = np.arange(block_px)
+    per_batch = max(1, BLOCK_BATCH_BYTES // (4 * block_px * block_px))
+    for b0 in range(0, len(blocks), per_batch):
+        batch = np.array(blocks[b0:b0 + per_batch])
+        _, _, y0, x0, ky, kx = batch.T
+
+        def cut(img, rows, cols):
+            r, c = xp.asarray(rows[:, None, None] + step[None, :, None]), xp.asarray(cols[:, None, None] + step)
+            return img[r, c]
+        ref, mov = cut(reference, y0, x0), cut(moving, y0 + ky, x0 + kx)
+        textured = xpmod.to_host(xp.minimum(ref.std(axis=(1, 2)), mov.std(axis=(1, 2)))) > texture
+        matches = phase_correlation_batch(ref, mov, near=(0.0, 0.0), radius=half / 2)
+        del ref, mov
+        for (bi, bj, _, _, bky, bkx), m, t in zip(batch, matches, textured):
+            if not t:
                 continue
-            m = phase_correlation(ref, mov, near=(0.0, 0.0), radius=half / 2)
-            dy[i, j], dx[i, j] = ky + m.dy, kx + m.dx
-            ok[i, j] = m.significance >= m.noise_threshold and m.ambiguity <= MAX_BLOCK_AMBIGUITY
+            dy[bi, bj], dx[bi, bj] = bky + m.dy, bkx + m.dx
+            ok[bi, bj] = m.significance >= m.noise_threshold and m.ambiguity <= MAX_BLOCK_AMBIGUITY
     return dy, dx, ok
 
 
@@ -292,17 +312,10 @@ def register_cycle(reference, moving, cycle: str, model: str = "local", block_px
     return tr
 
 
-def apply_transform(img, tr: Transform, shape):
-    """``img`` resampled into the reference frame of ``shape``: registered(p) = img(p + d(p)), one cubic
-    spline interpolation (zero outside the image; no negatives where the image has none). Row strips
-    bound the coordinates' memory."""
-    if tr.model == "translation":
-        return shift_image(img, (-tr.dy, -tr.dx), tuple(shape))
-    xp = xpmod.array_module(img)
-    ndi = xpmod.ndimage(xp)
-    img = xp.asarray(img, dtype=xp.float32)
-    coeffs = ndi.spline_filter(img, order=3, output=xp.float32, mode="mirror")
-    out = xp.zeros(tuple(shape), xp.float32)
+def _source_strips(tr: Transform, shape, moving_shape, xp):
+    """Row strips of the reference frame ``shape``: (first row, qy, qx, inside) with (qy, qx) = p + d(p),
+    where each pixel is read from in the moving image, and whether that lies on it (STRIP_ROWS rows at a
+    time bound the coordinates' memory)."""
     xs = xp.arange(shape[1], dtype=xp.float32)
     for r0 in range(0, shape[0], STRIP_ROWS):
         rows = xp.arange(r0, min(r0 + STRIP_ROWS, shape[0]), dtype=xp.float32)
@@ -310,19 +323,39 @@ def apply_transform(img, tr: Transform, shape):
         ry, rx = tr.rigid(y, x)
         ly, lx = tr.local(y, x, xp)
         qy, qx = y + ry + ly, x + rx + lx
-        inside = (qy >= -0.5) & (qy <= img.shape[0] - 0.5) & (qx >= -0.5) & (qx <= img.shape[1] - 0.5)
+        del y, x, ry, rx, ly, lx
+        inside = (qy >= -0.5) & (qy <= moving_shape[0] - 0.5) & (qx >= -0.5) & (qx <= moving_shape[1] - 0.5)
+        yield r0, qy, qx, inside
+
+
+def apply_transform(img, tr: Transform, shape):
+    """``img`` resampled into the reference frame of ``shape``: registered(p) = img(p + d(p)), one cubic
+    spline interpolation (zero outside the image; no negatives where the image has none)."""
+    if tr.model == "translation":
+        return shift_image(img, (-tr.dy, -tr.dx), tuple(shape))
+    xp = xpmod.array_module(img)
+    ndi = xpmod.ndimage(xp)
+    img = xp.asarray(img, dtype=xp.float32)
+    coeffs = ndi.spline_filter(img, order=3, output=xp.float32, mode="mirror")
+    out = xp.zeros(tuple(shape), xp.float32)
+    for r0, qy, qx, inside in _source_strips(tr, shape, img.shape, xp):
         vals = ndi.map_coordinates(coeffs, xp.stack([qy, qx]), order=3, mode="mirror", prefilter=False)
-        out[r0:r0 + len(rows)] = xp.where(inside, vals, 0)
-        del y, x, ry, rx, ly, lx, qy, qx, inside, vals
+        out[r0:r0 + qy.shape[0]] = xp.where(inside, vals, 0)
+        del qy, qx, inside, vals
     if img.size and float(img.min()) >= 0:
         xp.maximum(out, 0, out=out)
     return out
 
 
 def coverage(moving_shape, tr: Transform, shape, xp=np):
-    """Where the registered image holds data of the moving image (not the zero beyond its edge), on ``xp``."""
-    ones = xp.ones(moving_shape, xp.float32)
-    return apply_transform(ones, tr, shape) > 0.99
+    """Where the registered image holds data of the moving image (not the zero beyond its edge), on ``xp``:
+    the pixels whose source lies on the moving image (no interpolation; a translation's by its shift)."""
+    if tr.model == "translation":
+        return shift_image(xp.ones(moving_shape, xp.float32), (-tr.dy, -tr.dx), tuple(shape)) > 0.99
+    out = xp.zeros(tuple(shape), bool)
+    for r0, qy, _, inside in _source_strips(tr, shape, moving_shape, xp):
+        out[r0:r0 + qy.shape[0]] = inside
+    return out
 
 
 def local_residuals(reference, registered, block_px: int, covered=None) -> tuple[np.ndarray, np.ndarray]:
