@@ -13,6 +13,8 @@ from plexgpu.cluster.assignment import (AssignmentError, build_cycle_assignment,
 
 ACCOUNTS = [{"name": "clive", "gpu_slots": 3, "partition": "hpg-b200"},
             {"name": "maigan", "gpu_slots": 2, "partition": "hpg-turin"}]
+#: requests every node of a partition holds (the test cluster's too): plan and validate exit 3 otherwise
+FITS = {r: {"cpus_per_task": 1, "mem_mb": 400, "runtime": 10} for r in ("stitch", "deconvolve", "edf", "registration")}
 CYCLES = [f"cyc{c:03d}" for c in range(1, 10)]
 
 
@@ -48,7 +50,7 @@ def test_unknown_account_named():
 
 def test_plan_prints_table_total_and_command(tmp_path, small_synth):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS}))
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS, "resources": FITS}))
     res = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(cfg)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -81,7 +83,7 @@ def test_plan_j_is_the_slurm_limits_not_the_gpus_free_now(tmp_path, small_synth,
     from plexgpu.cluster import slurm
 
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS}))
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS, "resources": FITS}))
     monkeypatch.setattr(slurm, "gpus_in_use", lambda: {a["name"]: a["gpu_slots"] for a in ACCOUNTS[:1]})
     monkeypatch.setattr(slurm, "gpu_limit", lambda name, user=None: (None, ""))
     monkeypatch.setattr(slurm, "user_accounts", lambda: None)
@@ -138,3 +140,28 @@ def test_validate_shows_the_slots_table_the_readme_promises(tmp_path, small_synt
     out = " ".join(capsys.readouterr().out.split())
     assert "GPU slots per account" in out and "2 (association GrpTRES)" in out
     assert "account clive: gpu_slots 3 but SLURM lets you hold 2" in out
+
+
+def test_validate_and_plan_exit_3_for_a_request_sbatch_refuses(tmp_path, small_synth, monkeypatch, capsys):
+    """A request no node of the partition can hold is an error, not a warning: validate and plan say it
+    as one line naming the key and exit 3 (they exited 0 and the run's first jobs were refused); one
+    that fits exits 0."""
+    from plexgpu import cli
+    from plexgpu.cluster import slurm
+
+    limits = lambda part: {"cpus": 8, "mem_mb": 16000, "gpus": 2, "time_min": None, "gpu_types": []}  # noqa: E731
+    monkeypatch.setattr(slurm, "partition_limits", limits)
+    monkeypatch.setattr(slurm, "gpus_in_use", lambda: {})
+    monkeypatch.setattr(slurm, "gpu_limit", lambda name, user=None: (None, ""))
+    monkeypatch.setattr(slurm, "user_accounts", lambda: None)
+    small = {r: {"cpus_per_task": 2, "mem_mb": 8000, "runtime": 30} for r in ("stitch", "deconvolve", "edf",
+                                                                            "registration")}
+    cfg = tmp_path / "c.yaml"
+    for mem, status in ((8000, 0), (32000, 3)):
+        cfg.write_text(yaml.safe_dump({"raw_dir": str(small_synth[0]), "accounts": ACCOUNTS,
+                                       "resources": {**small, "stitch": {**small["stitch"], "mem_mb": mem}}}))
+        for command in ("validate", "plan"):
+            assert cli.main([command, "--configfile", str(cfg)]) == status, command
+            out = " ".join(capsys.readouterr().out.split())
+            refused = "error: resources.stitch.mem_mb = 32000 but the largest node of partition"
+            assert (refused in out) == bool(status) and ("(exit 3)" in out) == bool(status), out[-800:]

@@ -98,18 +98,19 @@ def test_a_cycle_job_longer_than_the_partition_allows_is_said_before_any_job(mon
     stage fits a 2-hour partition, the cycle's job does not."""
     from plexgpu.cluster import requests
 
-    monkeypatch.setattr(requests, "partition_limits",
+    monkeypatch.setattr(requests.slurm, "partition_limits",
                         lambda part: {"cpus": 64, "mem_mb": 512000, "gpus": 8, "time_min": 120.0})
     cfg = validate_config({"raw_dir": "/raw", "accounts": [{"name": "clive", "gpu_slots": 2, "partition": "gpu"}],
                            "resources": {"stitch": {"runtime": 60}, "deconvolve": {"runtime": 90},
                                          "edf": {"runtime": 30}}})
-    (line,) = requests.request_warnings(cfg)
+    (line,), warnings = requests.request_refusals(cfg)
+    assert not warnings
     assert "stitch + deconvolve + edf in one allocation" in line and "60 + 90 + 30 = 180 min" in line
     assert "partition gpu's time limit (120 min)" in line
     cfg["resources"]["deconvolve"]["runtime"] = 30
-    assert requests.request_warnings(cfg) == []
+    assert requests.request_problems(cfg) == []
     # two accounts on one partition: each warning said once, not once per account
     cfg["accounts"].append({"name": "maigan", "gpu_slots": 1, "partition": "gpu"})
     cfg["resources"]["stitch"]["mem_mb"] = 600000
-    (line,) = requests.request_warnings(cfg)
+    (line,), _ = requests.request_refusals(cfg)
     assert line.startswith("resources.stitch.mem_mb = 600000 but the largest node of partition gpu")

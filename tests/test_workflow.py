@@ -270,6 +270,7 @@ def test_corrupt_tiff_fails_that_cycle_only(tmp_path, small_synth, capsys):
     # the run's end names what is not done and the next step, once
     err = capsys.readouterr().err
     assert "stage(s) not done:" in err and "cyc002: stitch, deconvolve, edf" in err, err[-2000:]
+    assert "    stitch failed: " in err and "1_00003_Z001_CH2.tif" in err.split("stage(s) not done:")[1]
     assert f"plexgpu rerun registration --configfile {cfg}" in err and "cyc001:" not in err
 
 

@@ -87,7 +87,7 @@ def cmd_validate(args) -> int:
     console.print(f"tiles {exp.tile_shape} {exp.dtype}, overlap {exp.overlap:.0%}, pixel "
                   f"{exp.pixel_size_um} µm, z-step {exp.z_step_um} µm; compute.device = "
                   f"{config['compute']['device']}; checked in {time.perf_counter() - t0:.1f} s")
-    from .cluster.requests import request_warnings
+    from .cluster.requests import request_refusals
 
     warnings = []
     if config["accounts"]:              # the slots the README promises validate shows
@@ -95,9 +95,20 @@ def cmd_validate(args) -> int:
 
         warnings = slots_table(console, config["accounts"], build_cycle_assignment(exp.cycle_keys,
                                                                                    config["accounts"]))[2]
-    for w in warnings + request_warnings(config):
+    refused, more = request_refusals(config)
+    for w in warnings + more:
         console.print(f"[yellow]warning: {w}[/]")
-    return 0
+    return _refused(console, "validate", refused)
+
+
+def _refused(console, command: str, refused: list[str]) -> int:
+    """Print each request SLURM would refuse (or never start) as an error; exit status 3 if any."""
+    for r in refused:
+        console.print(f"[red]error: {r}[/]")
+    if refused:
+        console.print(f"plexgpu {command}: {len(refused)} request(s) SLURM would refuse or never start: fix them in "
+                      "the config before running (exit 3)")
+    return 3 if refused else 0
 
 
 def snakemake_command(configfiles: list[str], target: str, jobs: int, options: list[str],
@@ -179,10 +190,10 @@ def cmd_plan(args) -> int:
     console.print(table)
     free_total, cap_total, warnings = slots_table(console, accounts, assignment)
     total = total_slots(accounts)
-    from .cluster.requests import request_warnings
+    from .cluster.requests import request_refusals
 
-    warnings += request_warnings(config)
-    for w in warnings:
+    refused, more = request_refusals(config)
+    for w in warnings + more:
         console.print(f"[yellow]warning: {w}[/]")
     _memory_table(console, config, exp)
     waves = -(-len(assignment) // total)
@@ -206,7 +217,7 @@ def cmd_plan(args) -> int:
     # QC under the same run prefix and log folder: its jobs are this data set's, so they never block
     # another data set's rerun (CPU only; it reads what exists, so run it after the run, failed or not)
     print(snakemake_command(args.configfile, "qc", len(exp.cycle_keys), options))
-    return 0
+    return _refused(console, "plan", refused)
 
 
 def slots_table(console, accounts: list[dict], assignment: dict) -> tuple[int, int, list[str]]:

@@ -312,16 +312,30 @@ def rerun(configfiles: list[str], target: str, workdir: Path, profile: Path, job
 
 def next_steps(results_dir: Path, cycles: list[str], channels: list[int], configfiles: list[str]) -> str:
     """What a failed run's end says: the cycles x stages not done (from the files, so it works without
-    SLURM too) and the exact commands that show why and rerun only those."""
+    SLURM too), under each the one-line error of the stage that failed or was cut short (its job record;
+    the SLURM profile does not print whole job logs, a cancelled group job's twice), and the exact
+    commands that show why and rerun only those."""
+    from ..qc_state import stage_states
+
     results_dir = Path(results_dir)
+    states = stage_states(results_dir, cycles, channels)
     missing: dict[str, list[str]] = {}
+    why: dict[str, list[str]] = {}
     for st in paths.PIPELINE:
         for cycle in cycles if st.per_cycle else ["all cycles"]:
-            if not all(f.exists() for f in paths.stage_files(results_dir, st.name, cycle, channels)):
-                missing.setdefault(cycle, []).append(st.name)
+            if all(f.exists() for f in paths.stage_files(results_dir, st.name, cycle, channels)):
+                continue
+            missing.setdefault(cycle, []).append(st.name)
+            mine = [states.get((st.name, c)) for c in (cycles if cycle == "all cycles" else [cycle])]
+            mine = [m for m in mine if m and (m.status == "fail" or m.reason.startswith("started"))]
+            if mine:
+                line = f"{st.name} {'failed' if mine[0].status == 'fail' else 'cut short'}: {mine[0].reason}"
+                why.setdefault(cycle, []).append(line + (f" (log: {mine[0].log})" if mine[0].log else ""))
     cfg = " ".join(str(c) for c in configfiles) or "config.yaml"
     lines = [f"plexgpu: the run stopped with {sum(len(v) for v in missing.values())} stage(s) not done:"]
-    lines += [f"  {cycle}: {', '.join(stages)}" for cycle, stages in missing.items()]
+    for cycle, stages in missing.items():
+        lines.append(f"  {cycle}: {', '.join(stages)}")
+        lines += [f"    {w}" for w in why.get(cycle, [])]
     lines += [f"why, per cycle and stage (job state, account): plexgpu status --configfile {cfg}",
               f"rerun only what is unfinished:               plexgpu rerun registration --configfile {cfg}",
               f"each job's log: {results_dir}/logs/<rule>/<cycle>.log"]

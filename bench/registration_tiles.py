@@ -1,0 +1,153 @@
+"""Cross-cycle alignment from tiles, as cycles come off the microscope, side by side with ASHLAR 1.20.
+
+The world is the real wsi_brain mosaic (../shared/realdata, Fiji's positions, ~2900 x 4400 px). Cycle 1
+is a 5 x 8 grid of 512 px tiles (10 % overlap) cut from it at the nominal stage positions plus a stage
+jitter of its own; every later cycle is cut the same way from the world moved as a re-seated slide
+comes back (a rotation about the slide's centre, a stage error, a smooth tissue deformation), with a
+stage jitter of its own, and in one regime with its whole grid offset by a fraction of a tile (the
+mosaics then cover different areas). Every tile gets noise of its own.
+
+- ours: each cycle stitched (plexgpu.image.stitching), then the cycle's mosaic registered onto cycle 1's
+  (plexgpu.image.registration, model local, and translation for comparison);
+- ASHLAR 1.20 (make bench-env): EdgeAligner on cycle 1, LayerAligner on cycle 2 (its cycle alignment: a
+  translation per tile against the reference mosaic), both assembled in cycle 1's frame; run at its
+  whitening filter 0 (default) and 1 (its best in bench/stitch_sweep).
+
+Measured as the user measures: the residual shift of every 128 px block of the aligned cycle 2 against
+cycle 1 (held-out blocks between the registration's own, reliable ones, wholly covered by both):
+worst, median, fraction within 0.5 px; and the seconds of the cycle alignment.
+
+  python bench/registration_tiles.py [--regimes stage,rot0.2,...] [--no-peers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy import ndimage
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "workflow"))
+sys.path.insert(0, str(HERE))
+
+import registration_mosaic as world_cycles  # noqa: E402
+from plexgpu.image import registration, stitching  # noqa: E402
+
+VENV_ASHLAR = HERE / ".venv-ashlar/bin/python"
+ROWS, COLS, TILE, OVERLAP = 5, 8, 512, 0.1
+JITTER_PX = 2.0
+BLOCK = 128
+REGIMES = {     # rotation (deg), stage error (px), deformation (px), grid offset (px, cycle 2's grid against 1's)
+    "stage error": (0.0, (3.3, -5.7), 0.0, (0.0, 0.0)),
+    "rot0.2": (0.2, (-2.4, 4.1), 0.0, (0.0, 0.0)),
+    "rot0.35+deform2": (0.35, (1.7, -3.1), 2.0, (0.0, 0.0)),
+    "rot0.15+deform1.5, grid offset 0.3 tile": (0.15, (2.2, 1.4), 1.5, (0.3 * TILE, -0.45 * TILE)),
+}
+
+
+def cut_tiles(img, origin, rng) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The grid's tiles in raster order, each at the nominal position + origin + its own stage jitter
+    (sub-pixel, cubic), with noise of its own."""
+    step = stitching.nominal_step((TILE, TILE), OVERLAP)
+    tiles, layout = [], []
+    scale = float(img.std())
+    for r in range(ROWS):
+        for c in range(COLS):
+            y = origin[0] + r * step[0] + np.clip(rng.normal(0, JITTER_PX), -2 * JITTER_PX, 2 * JITTER_PX)
+            x = origin[1] + c * step[1] + np.clip(rng.normal(0, JITTER_PX), -2 * JITTER_PX, 2 * JITTER_PX)
+            yy, xx = np.mgrid[0:TILE, 0:TILE].astype(np.float64)
+            t = ndimage.map_coordinates(img, [yy + y, xx + x], order=3, mode="nearest")
+            tiles.append(np.maximum(t + rng.normal(0, 0.01 * scale, t.shape), 0).astype(np.float32))
+            layout.append((r, c))
+    return np.stack(tiles), layout
+
+
+def make_cycles(world, regime, seed):
+    rot, stage, deform, grid_offset = REGIMES[regime]
+    rng = np.random.default_rng(seed)
+    step = stitching.nominal_step((TILE, TILE), OVERLAP)
+    span = ((ROWS - 1) * step[0] + TILE, (COLS - 1) * step[1] + TILE)
+    origin = ((world.shape[0] - span[0]) / 2, (world.shape[1] - span[1]) / 2)
+    tiles1, layout = cut_tiles(world, origin, rng)
+    dy, dx = world_cycles.displacement(world.shape, rot, stage, deform, seed)
+    y, x = np.mgrid[0:world.shape[0], 0:world.shape[1]].astype(np.float64)
+    moved = ndimage.map_coordinates(world, [y - dy, x - dx], order=3, mode="nearest").astype(np.float32)
+    del y, x, dy, dx
+    tiles2, _ = cut_tiles(moved, (origin[0] + grid_offset[0], origin[1] + grid_offset[1]), rng)
+    return tiles1, tiles2, layout
+
+
+def residuals(ref, aligned, covered) -> dict:
+    r, ok = registration.local_residuals(ref, aligned, BLOCK, covered)
+    v = r[ok]
+    return {"worst_px": round(float(v.max()), 3) if v.size else None,
+            "median_px": round(float(np.median(v)), 3) if v.size else None,
+            "within_0.5px": round(float((v <= 0.5).mean()), 3) if v.size else None, "blocks": int(v.size)}
+
+
+def ours(tiles1, tiles2, layout, model):
+    mosaics = []
+    for tiles in (tiles1, tiles2):
+        m = stitching.compute_model(tiles, layout, OVERLAP)
+        mosaics.append(stitching.blend(tiles, m))
+    ref, mov = mosaics
+    t0 = time.perf_counter()
+    tr = registration.register_cycle(ref, mov, "cyc002", model=model, block_px=BLOCK)
+    out = registration.apply_transform(mov, tr, ref.shape)
+    seconds = time.perf_counter() - t0
+    covered = registration.coverage(mov.shape, tr, ref.shape) & (ref > 0)
+    return {**residuals(ref, out, covered), "s": round(seconds, 2), "rotation_deg": round(tr.rotation_deg, 3)}
+
+
+def ashlar(tiles1, tiles2, filter_sigma):
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(f"{tmp}/in.npz", tiles1=tiles1, tiles2=tiles2, rows=ROWS, cols=COLS, overlap=OVERLAP,
+                 max_shift=30.0, filter_sigma=filter_sigma)
+        subprocess.run([str(VENV_ASHLAR), str(HERE / "ashlar_cycles_peer.py"), f"{tmp}/in.npz", f"{tmp}/out.npz"],
+                       capture_output=True, text=True, check=True)
+        out = np.load(f"{tmp}/out.npz")
+        ref, mov = out["mosaic1"].astype(np.float32), out["mosaic2"].astype(np.float32)
+        seconds = float(out["seconds"])
+    covered = ndimage.binary_erosion((ref > 0) & (mov > 0), iterations=2)
+    return {**residuals(ref, mov, covered), "s": round(seconds, 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--no-peers", action="store_true")
+    args = ap.parse_args()
+    world = world_cycles.real_mosaic()
+    run_ashlar = not args.no_peers and VENV_ASHLAR.exists()
+    rows = []
+    for i, regime in enumerate(args.regimes.split(",")):
+        tiles1, tiles2, layout = make_cycles(world, regime, 10 + i)
+        row = {"regime": regime}
+        for model in ("translation", "local"):
+            try:
+                row[f"ours_{model}"] = ours(tiles1, tiles2, layout, model)
+            except registration.RegistrationError as exc:
+                row[f"ours_{model}"] = {"refused": str(exc)[:120]}
+        if run_ashlar:
+            for sigma in (0.0, 1.0):
+                row[f"ashlar_filter{sigma:g}"] = ashlar(tiles1, tiles2, sigma)
+        rows.append(row)
+        print(row, flush=True)
+    from common import write_result
+    write_result("registration_tiles", rows, notes=(
+        f"real wsi_brain world; cycles as {ROWS}x{COLS} tiles of {TILE} px, {OVERLAP:.0%} overlap, stage jitter "
+        f"{JITTER_PX} px per tile and cycle, noise per tile; cycle 2 from the world rotated, shifted, deformed "
+        "(and its grid offset); ours: stitch each cycle, register the mosaics; ASHLAR 1.20: EdgeAligner + "
+        f"LayerAligner, max_shift 30 px; residual = shift of each {BLOCK} px held-out block of the aligned cycle 2 "
+        "against cycle 1, reliable blocks wholly covered by both"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
