@@ -47,7 +47,7 @@ REGIMES = {     # rotation (deg), stage error (px), deformation (px), grid offse
     "stage error": (0.0, (3.3, -5.7), 0.0, (0.0, 0.0)),
     "rot0.2": (0.2, (-2.4, 4.1), 0.0, (0.0, 0.0)),
     "rot0.35+deform2": (0.35, (1.7, -3.1), 2.0, (0.0, 0.0)),
-    "rot0.15+deform1.5, grid offset 0.3 tile": (0.15, (2.2, 1.4), 1.5, (0.3 * TILE, -0.45 * TILE)),
+    "rot0.15+deform1.5+grid offset 0.3 tile": (0.15, (2.2, 1.4), 1.5, (0.3 * TILE, -0.45 * TILE)),
 }
 
 
@@ -91,14 +91,14 @@ def residuals(ref, aligned, covered) -> dict:
             "within_0.5px": round(float((v <= 0.5).mean()), 3) if v.size else None, "blocks": int(v.size)}
 
 
-def ours(tiles1, tiles2, layout, model):
+def ours(tiles1, tiles2, layout, model, block_px=BLOCK):
     mosaics = []
     for tiles in (tiles1, tiles2):
         m = stitching.compute_model(tiles, layout, OVERLAP)
         mosaics.append(stitching.blend(tiles, m))
     ref, mov = mosaics
     t0 = time.perf_counter()
-    tr = registration.register_cycle(ref, mov, "cyc002", model=model, block_px=BLOCK)
+    tr = registration.register_cycle(ref, mov, "cyc002", model=model, block_px=block_px)
     out = registration.apply_transform(mov, tr, ref.shape)
     seconds = time.perf_counter() - t0
     covered = registration.coverage(mov.shape, tr, ref.shape) & (ref > 0)
@@ -122,6 +122,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--regimes", default=",".join(REGIMES))
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--block-px", default="64,128", help="registration.block_px values of the local model")
     args = ap.parse_args()
     world = world_cycles.real_mosaic()
     run_ashlar = not args.no_peers and VENV_ASHLAR.exists()
@@ -129,11 +130,12 @@ def main() -> int:
     for i, regime in enumerate(args.regimes.split(",")):
         tiles1, tiles2, layout = make_cycles(world, regime, 10 + i)
         row = {"regime": regime}
-        for model in ("translation", "local"):
+        for model, block in [("translation", BLOCK)] + [("local", int(b)) for b in args.block_px.split(",")]:
+            name = f"ours_{model}" + (f"_block{block}" if model == "local" else "")
             try:
-                row[f"ours_{model}"] = ours(tiles1, tiles2, layout, model)
+                row[name] = ours(tiles1, tiles2, layout, model, block)
             except registration.RegistrationError as exc:
-                row[f"ours_{model}"] = {"refused": str(exc)[:120]}
+                row[name] = {"refused": str(exc)[:120]}
         if run_ashlar:
             for sigma in (0.0, 1.0):
                 row[f"ashlar_filter{sigma:g}"] = ashlar(tiles1, tiles2, sigma)
