@@ -146,12 +146,13 @@ def test_gpu_slots_auto_and_plan_read_slurms_limits(slurm_cluster, small_synth, 
             "resources": {"deconvolve": {"cpus_per_task": 4, "mem_mb": 64000, "runtime": 60}}}))
         plan = subprocess.run([sys.executable, "-m", "plexgpu.cli", "plan", "--configfile", str(path)],
                               capture_output=True, text=True, cwd=REPO)
-        assert plan.returncode == 0, plan.stderr
+        assert plan.returncode == 3, plan.stdout + plan.stderr           # a request sbatch refuses: exit 3
         out = " ".join(plan.stdout.split())
         assert "gpu_slots 4 but SLURM lets you hold 3" in out
         assert "auto → 1" in out
-        assert "resources.deconvolve.mem_mb = 64000 but the largest node of partition hpg-b200 has 16000 MB" in out
-        assert plan.stdout.strip().splitlines()[-2].endswith("-j 4")            # min(4, 3) + 1: the limits, not what is free
+        assert "error: resources.deconvolve.mem_mb = 64000 but the largest node of partition hpg-b200 has 16000 MB" in out
+        command = next(line for line in plan.stdout.splitlines() if line.startswith("snakemake registration"))
+        assert command.endswith("-j 4")            # min(4, 3) + 1: the limits, not what is free
     finally:
         sh("modify", "user", "where", "name=root", "account=maigan", "set", f"qos-={qos}")
         sh("delete", "qos", qos)

@@ -80,14 +80,16 @@ def _ncc(xp, a, b) -> float:
     return float((a * b).sum()) / den if den > 0 else 0.0
 
 
-def exact_ncc(ta, tb, offset) -> float:
-    """NCC of tile a and tile b (unsmoothed, cubic spline) where b placed at ``offset`` overlaps a."""
+def exact_ncc(ta, tb, offset, b_coeffs=None) -> float:
+    """NCC of tile a and tile b (unsmoothed, cubic spline) where b placed at ``offset`` overlaps a;
+    ``b_coeffs``: b's spline coefficients where the caller holds them already (``_sampler``'s first)."""
     xp = xpmod.array_module(ta, tb)
     ta, tb = xp.asarray(ta, xp.float32), xp.asarray(tb, xp.float32)
     region = _region(ta.shape, offset)
     if (region[1] - region[0]) * (region[3] - region[2]) < MIN_PIXELS:
         return 0.0
-    coeffs = [xpmod.ndimage(xp).spline_filter(tb, order=3, output=xp.float32, mode="nearest")]
+    coeffs = [b_coeffs if b_coeffs is not None else
+              xpmod.ndimage(xp).spline_filter(tb, order=3, output=xp.float32, mode="nearest")]
     y0, y1, x0, x1 = region
     return _ncc(xp, ta[y0:y1, x0:x1].ravel(), _sample(xp, coeffs, region, offset)[0].ravel())
 
@@ -99,9 +101,9 @@ def fit_offset(ta, tb, offset) -> OverlapFit:
     ndi = xpmod.ndimage(xp)
     ta, tb = xp.asarray(ta, xp.float32), xp.asarray(tb, xp.float32)
     start = (float(offset[0]), float(offset[1]))
-    start_ncc = exact_ncc(ta, tb, start)
-    o = np.array(start)
     coeffs = _sampler(xp, tb)
+    start_ncc = exact_ncc(ta, tb, start, coeffs[0])
+    o = np.array(start)
     sol = None
     for sigma in SIGMAS:
         for _ in range(ITERATIONS):
@@ -141,7 +143,7 @@ def fit_offset(ta, tb, offset) -> OverlapFit:
             if np.abs(step).max() < TOLERANCE_PX:
                 break
     end = (float(o[0]), float(o[1]))
-    end_ncc = exact_ncc(ta, tb, end)
+    end_ncc = exact_ncc(ta, tb, end, coeffs[0])
     if end_ncc <= start_ncc:
         return OverlapFit(start, start_ncc, start_ncc, False)
     return OverlapFit(end, end_ncc, start_ncc, True)

@@ -262,8 +262,9 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
 
     offsets = {}                                 # fitted: one offset per channel, from all its planes at once
     mine = {ch: [i for i, (c, _) in enumerate(planes) if c == ch] for ch in fitted}
-    firsts = dict(zip(sum(mine.values(), []), ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale),
-                                                           sum(mine.values(), []))))
+    fitted_planes = [i for ch in fitted for i in mine[ch]]
+    firsts = dict(zip(fitted_planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale),
+                                                  fitted_planes)))
     for ch in fitted:
         offsets[ch] = off = shading.estimate_channel_offset(
             [xpmod.to_host(fit.darkfield[i]).astype(np.float64) for i in mine[ch]], [firsts[i] for i in mine[ch]])
