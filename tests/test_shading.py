@@ -80,11 +80,32 @@ def test_a_known_offset_or_dark_frame_is_used_as_given(tmp_path):
     assert basic.known_offset(True, (128, 160), 128) is None and basic.known_offset(False, (128, 160), 128) is None
 
 
-def test_too_few_overlap_samples_keep_basic():
-    flat = np.ones((32, 32), np.float32)
-    tiles = np.ones((2, 32, 32))
-    sh = shading.shade_plane(tiles, flat, np.zeros((32, 32)), [], (1.0, 1.0))
-    assert sh.refinement.degree is None and np.array_equal(sh.flatfield, flat)
+def test_too_few_overlap_samples_keep_basic_on_the_smooth_model():
+    """Without overlaps BaSiC's flatfield is kept, less the texture finer than the optics shade (the specimen's
+    own, which tens of tiles do not average out); a flatfield already on the model comes back as it was."""
+    yy, xx = np.mgrid[0:64, 0:64] / 63 * 2 - 1
+    vignette = np.exp(-0.4 * ((yy - 0.2) ** 2 + xx ** 2) + 0.05 * xx)
+    vignette /= vignette.mean()
+    texture = 1 + 0.05 * np.sin(40 * yy) * np.sin(47 * xx)           # cell-sized (5 px), +-5 %
+    tiles = np.ones((2, 64, 64))
+    for basic_flat, tol in ((vignette, 1e-4), (vignette * texture, 0.01)):
+        sh = shading.shade_plane(tiles, basic_flat.astype(np.float32), np.zeros((64, 64)), [], (1.0, 1.0))
+        assert sh.refinement.degree is None
+        assert np.abs(sh.flatfield / vignette - 1).max() < tol
+
+
+def test_without_overlaps_the_dense_stain_is_not_taken_for_shading():
+    """Dense nuclei in every tile, no pair to refine on: BaSiC's flatfield carries the nuclei's texture, the
+    plane's flatfield does not."""
+    ds = SynthDataset(SynthSpec(**{**BASE, "nuclei_density": 3.0, "tissue_fraction": 1.0}))
+    small = basic.downsample(_plane(ds), 128)
+    fit = basic.fit_batch(small[None], basic.BasicParams())
+    sh = shading.shade_plane(small.astype(np.float64), fit.flatfield[0], None, [], (1.0, 1.0))
+    truth = basic.downsample(ds.flatfield(1, 2)[None], 128)[0]
+    def err(f):
+        return float(np.sqrt(np.mean((f / f.mean() - truth / truth.mean()) ** 2)))
+    print(f"flatfield error without overlaps: {err(sh.flatfield):.2%}, BaSiC's own {err(fit.flatfield[0]):.2%}")
+    assert sh.refinement.degree is None and err(sh.flatfield) < 0.8 * err(fit.flatfield[0])
 
 
 def _channel_inputs(ds, envelope):
