@@ -231,16 +231,20 @@ def test_two_data_sets_from_one_checkout_cancel_one_the_other_finishes(slurm_clu
     run_a, run_b = run_of(tmp_path, cfg_a, profile), run_of(tmp_path, cfg_b, profile)
     assert run_a != run_b
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 60))
+    # started as from `&` or nohup in a script: SIGINT ignored (Python keeps it so)
     coords = {k: subprocess.Popen(snakemake_cmd(tmp_path, c, "registration", profile), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for k, c in (("a", cfg_a), ("b", cfg_b))}
+                                  stderr=subprocess.DEVNULL,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+              for k, c in (("a", cfg_a), ("b", cfg_b))}
     def jobs_of(run):
         return [j for j in squeue_jobs() if j["JobName"].startswith(run + "_")]
     _wait(lambda: jobs_of(run_a) and jobs_of(run_b), what="both data sets with jobs in squeue")
     res = _plexgpu("cancel", "--configfile", str(cfg_a), "-d", str(tmp_path), "--profile", str(profile))
     assert res.returncode == 0, res.stdout + res.stderr
     assert not jobs_of(run_a)
-    # cancelled, not waited for: on SIGTERM Snakemake lets its running jobs finish first (30 RL iterations
-    # here; a GPU cycle for real: many minutes), so cancel timed out or A's jobs ended COMPLETED
+    # cancelled, not waited for: on SIGTERM alone Snakemake lets its running jobs finish first (30 RL
+    # iterations here; a GPU cycle for real: many minutes), and SIGINT alone is ignored by a coordinator
+    # started in the background: either way cancel timed out or A's jobs ended COMPLETED
     states = {j["JobID"]: j["State"] for j in sacct_jobs(start=started) if j["JobName"].startswith(run_a + "_")}
     assert any(s.startswith("CANCELLED") for s in states.values()), states
     # A's live coordinator was stopped first (it would have submitted A's next job once its jobs were cancelled)

@@ -366,20 +366,26 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from .cluster.rerun import cancel, profile_prefix, profile_run, stop_coordinators, unattributed_jobs
+    from .cluster.rerun import (COORDINATOR_EXIT_S, SUBMIT_SETTLE_S, cancel, profile_prefix, profile_run,
+                                stop_coordinators, unattributed_jobs, wait_gone)
     from .cluster.slurm import parse_comment
 
     _, exp, workdir, profile = _run_context(args)
-    alive = stop_coordinators(workdir, args.configfile)
-    if alive:
-        print(f"plexgpu cancel: refused: this data set's coordinator PID {alive[0]} still runs 2 min after SIGINT "
-              f"and would submit its next job; kill it (kill -9 {alive[0]}) and run plexgpu cancel again")
-        return 3
-    jobs = cancel(profile_run(profile, exp.results_dir, workdir), workdir)
+    run = profile_run(profile, exp.results_dir, workdir)
+    coordinators = stop_coordinators(workdir, args.configfile)
+    if coordinators:
+        time.sleep(SUBMIT_SETTLE_S)          # an sbatch the coordinator had begun as it was told ends first
+    jobs = cancel(run, workdir)
+    # a coordinator exits at its next look at SLURM (the slurm plugin looks every 40 s to 3 min)
+    alive = wait_gone(coordinators, COORDINATOR_EXIT_S)
+    jobs += cancel(run, workdir)           # nothing is expected here; a job that slipped through is not left
     for j in jobs:
         rule, wc = parse_comment(j["Comment"])
         print(f"cancelled job {j['JobID']} ({rule} {wc}, account {j['Account']}, was {j['State']})")
     print(f"{len(jobs)} job(s) of this data set ({exp.results_dir}) cancelled; none left in squeue")
+    for pid in alive:
+        print(f"coordinator PID {pid} still runs: it submits no further job and exits when it next asks SLURM "
+              f"about its jobs (or kill {pid})")
     loose = unattributed_jobs(profile_prefix(profile), workdir)
     if loose:
         print(f"not touched: job(s) {', '.join(j['JobID'] for j in loose)}, started from {workdir} without a run "

@@ -73,6 +73,10 @@ def unattributed(job: dict, prefix: str, workdir: Path) -> bool:
                                                      job.get("JobName", "")) is not None
 
 
+SUBMIT_SETTLE_S = 3        # after telling a coordinator to stop: an sbatch it had begun completes (< 1 s here)
+COORDINATOR_EXIT_S = 200   # its jobs cancelled, a coordinator exits at its next status check (slurm plugin: <= 180 s)
+
+
 def workflow_jobs(run: str, workdir: Path) -> list[dict]:
     return [j for j in slurm.squeue_jobs() if belongs(j, run, workdir)]
 
@@ -81,26 +85,36 @@ def unattributed_jobs(prefix: str, workdir: Path) -> list[dict]:
     return [j for j in slurm.squeue_jobs() if unattributed(j, prefix, workdir)]
 
 
-def stop_coordinators(workdir: Path, configfiles: list[str], timeout: float = 120, echo=print) -> list[int]:
-    """Interrupt this data set's live coordinators on this host (SIGINT, as Ctrl-C) and wait until they are
-    gone (a coordinator left alive submits the data set's next job after its jobs were cancelled). SIGINT,
-    not SIGTERM: Snakemake takes SIGTERM as "exit after the running jobs finish" and waits for them (a GPU
-    cycle job: minutes to tens of minutes), while SIGINT makes it scancel its running jobs and exit at once.
-    Returns the PIDs that are still alive after ``timeout`` (none: all stopped)."""
+def stop_coordinators(workdir: Path, configfiles: list[str], echo=print) -> list[int]:
+    """Tell this data set's live coordinators on this host to submit no further job and return their PIDs.
+
+    SIGTERM first: Snakemake then schedules nothing new and exits once its running jobs have ended (which
+    ``cancel`` makes happen); it is the one signal a coordinator always honours. Then SIGINT (as Ctrl-C),
+    which makes an interactive coordinator scancel its jobs and exit at once; a coordinator started in the
+    background (``&``, nohup, a batch script) inherits SIGINT ignored and Python keeps it so, which is why
+    SIGINT alone left such a coordinator running (CI: refused after 2 min)."""
     import signal
 
     live = live_coordinators(workdir, configfiles)
     for pid, cmd in live:
-        echo(f"stopping this data set's coordinator first: PID {pid} ({cmd[:100]}), SIGINT")
-        try:
-            os.kill(pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
+        echo(f"stopping this data set's coordinator first: PID {pid} ({cmd[:100]}): it submits no further job")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+    return [pid for pid, _ in live]
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait until the processes ``pids`` have exited; those still alive after ``timeout`` s."""
     deadline = time.time() + timeout
-    alive = [pid for pid, _ in live]
-    while alive and time.time() < deadline:
-        time.sleep(0.5)
+    alive = list(pids)
+    while alive:
         alive = [pid for pid in alive if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+        if not alive or time.time() >= deadline:
+            break
+        time.sleep(0.5)
     return alive
 
 
