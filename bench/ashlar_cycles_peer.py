@@ -3,7 +3,8 @@ environment (make bench-env): EdgeAligner stitches the first cycle, LayerAligner
 the second to it (a translation per tile, after a coarse offset from the thumbnails), and Mosaic
 assembles both in the first cycle's frame. Input: an .npz with ``tiles1``, ``tiles2`` (T, H, W) in
 raster order, ``rows``, ``cols``, ``overlap``, ``max_shift`` (px), ``filter_sigma``. Output: an .npz
-(second argument) with ``mosaic1``, ``mosaic2`` and ``seconds`` (the second cycle's alignment)."""
+(second argument) with ``mosaic1``, ``mosaic2``, ``seconds`` (the second cycle's alignment) and each cycle's tile
+positions in the mosaics' frame (``positions1``, ``positions2``, (y, x))."""
 
 import sys
 import tempfile
@@ -35,4 +36,5 @@ with tempfile.TemporaryDirectory() as tmp:
     seconds = time.perf_counter() - t0
     shape = edge.mosaic_shape
     mosaics = [reg.Mosaic(a, shape, verbose=False).assemble_channel(0) for a in (edge, layer)]
-np.savez(sys.argv[2], mosaic1=mosaics[0], mosaic2=mosaics[1], seconds=seconds)
+np.savez(sys.argv[2], mosaic1=mosaics[0], mosaic2=mosaics[1], seconds=seconds,
+         positions1=edge.positions - edge.origin, positions2=layer.positions - edge.origin)

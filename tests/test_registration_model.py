@@ -83,6 +83,32 @@ def test_smooth_field_fills_gaps_and_refuses_an_outlier():
     assert rigid_only.all() and not fy.any()                 # nothing measured: the rigid model alone
 
 
+def test_a_bending_field_keeps_its_blocks_and_still_refuses_a_wild_one():
+    """Smooth warps of 4 px over ~11 blocks (bench/registration_mosaic.py's, 128 px blocks) bend and slope by
+    up to 2 px from block to block: every block of them is kept (the neighbours' median left crests and the
+    grid's corners out: 39 of these 40 fields lost good blocks); a wild block on them is still left out, its
+    neighbours kept."""
+    y, x = np.mgrid[0:12, 0:12].astype(float)
+    plane = np.stack([np.ones(144), y.ravel(), x.ravel()], 1)
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        ph = rng.uniform(0, 2 * np.pi, 4)
+        ry = 4 * np.sin(2 * np.pi * y / 10.8 + ph[0]) * np.cos(2 * np.pi * x / 13.2 + ph[1])
+        rx = 4 * np.sin(2 * np.pi * y / 10.8 + ph[2]) * np.cos(2 * np.pi * x / 13.2 + ph[3])
+        for r in (ry, rx):         # what is left after the rigid fit, measured to a few hundredths of a px
+            r -= (plane @ np.linalg.lstsq(plane, r.ravel(), rcond=None)[0]).reshape(12, 12)
+            r += rng.normal(0, 0.03, r.shape)
+        measured = np.ones((12, 12), bool)
+        _, _, used, _ = registration.smooth_field(ry, rx, measured, 1.0)
+        assert used.all(), np.argwhere(~used).tolist()
+        wild = ry.copy()
+        at = tuple(rng.integers(1, 11, 2))
+        wild[at] += rng.choice([-1, 1]) * rng.uniform(3, 8)
+        fy, _, used, _ = registration.smooth_field(wild, rx, measured, 1.0)
+        assert np.argwhere(~used).tolist() == [list(at)]
+        assert abs(fy[at] - ry[at]) < 0.5 * abs(wild[at] - ry[at])   # filled from its neighbours (their mean)
+
+
 def test_blocks_batched_few_syncs_and_the_device_memory_plan_predicts(mosaic, monkeypatch):
     """Under the strict stand-in (CuPy's rules, a ledger of syncs and device bytes): a registration as the
     stage runs it (register, two channels moved, the residual measured) waits on the device a bounded
