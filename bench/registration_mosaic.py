@@ -99,13 +99,17 @@ def ours(ref, mov, model):
     return reg, time.perf_counter() - t0, tr
 
 
+def block_centres(shape) -> tuple[np.ndarray, np.ndarray]:
+    """(y, x) of the held-out blocks local_residuals measures, on its grid."""
+    return np.meshgrid(*registration.block_grid(shape, BLOCK, between=True), indexing="ij")
+
+
 def true_errors(shape, regime, seed, d_at):
     """|d(p) - d'(p + d(p))| at every block centre of local_residuals' grid: the registration's true error
     there (``d_at(y, x)``: the registration's displacement; d' the one the cycle was made with)."""
     rot, stage, deform, _ = REGIMES[regime]
     ty, tx = displacement(shape, rot, stage, deform, seed)
-    gy, gx = registration.block_grid(shape, BLOCK, between=True)
-    y, x = np.meshgrid(gy, gx, indexing="ij")
+    y, x = block_centres(shape)
     dy, dx = d_at(y, x)
     at = [y + dy, x + dx]
     return np.hypot(dy - ndimage.map_coordinates(ty, at, order=1, mode="nearest"),

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-from dataclasses import dataclass
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +43,7 @@ from plexgpu.image import registration, stitching  # noqa: E402
 VENV_ASHLAR = HERE / ".venv-ashlar/bin/python"
 ROWS, COLS, TILE, OVERLAP = 5, 8, 512, 0.1
 JITTER_PX = 2.0
-BLOCK = 128
+BLOCK = world_cycles.BLOCK      # the residual blocks: the same grid as registration_mosaic.block_centres
 REGIMES = {     # rotation (deg), stage error (px), deformation (px), grid offset (px, cycle 2's grid against 1's)
     "stage error": (0.0, (3.3, -5.7), 0.0, (0.0, 0.0)),
     "rot0.2": (0.2, (-2.4, 4.1), 0.0, (0.0, 0.0)),
@@ -113,15 +113,13 @@ def _to_source(points, placed, true):
 
 
 def _block_centres(shape) -> np.ndarray:
-    gy, gx = registration.block_grid(shape, BLOCK, between=True)
-    y, x = np.meshgrid(gy, gx, indexing="ij")
-    return np.stack([y.ravel(), x.ravel()], 1)
+    """The held-out blocks' centres as (N, 2) points."""
+    return np.stack([c.ravel() for c in world_cycles.block_centres(shape)], 1)
 
 
 def true_summary(err, ok) -> dict:
-    v = err[ok.ravel()]
-    return {"true_worst_px": round(float(v.max()), 3) if v.size else None,
-            "true_within_0.5px": round(float((v <= 0.5).mean()), 3) if v.size else None}
+    """registration_mosaic.truth_summary of the errors at ``_block_centres`` (on the grid of ``ok``)."""
+    return world_cycles.truth_summary(err.reshape(ok.shape), ok)
 
 
 def residuals(ref, aligned, covered) -> tuple[dict, np.ndarray]:

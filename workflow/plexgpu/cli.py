@@ -366,19 +366,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from .cluster.rerun import (COORDINATOR_EXIT_S, SUBMIT_SETTLE_S, cancel, profile_prefix, profile_run,
-                                stop_coordinators, unattributed_jobs, wait_gone)
+    from .cluster.rerun import cancel_data_set, profile_prefix, profile_run, unattributed_jobs
     from .cluster.slurm import parse_comment
 
     _, exp, workdir, profile = _run_context(args)
-    run = profile_run(profile, exp.results_dir, workdir)
-    coordinators = stop_coordinators(workdir, args.configfile)
-    if coordinators:
-        time.sleep(SUBMIT_SETTLE_S)          # an sbatch the coordinator had begun as it was told ends first
-    jobs = cancel(run, workdir)
-    # a coordinator exits at its next look at SLURM (the slurm plugin looks every 40 s to 3 min)
-    alive = wait_gone(coordinators, COORDINATOR_EXIT_S)
-    jobs += cancel(run, workdir)           # nothing is expected here; a job that slipped through is not left
+    jobs, alive = cancel_data_set(profile_run(profile, exp.results_dir, workdir), workdir, args.configfile)
     for j in jobs:
         rule, wc = parse_comment(j["Comment"])
         print(f"cancelled job {j['JobID']} ({rule} {wc}, account {j['Account']}, was {j['State']})")

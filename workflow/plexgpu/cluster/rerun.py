@@ -125,6 +125,19 @@ def _zombie(pid: int) -> bool:
         return False
 
 
+def cancel_data_set(run: str, workdir: Path, configfiles: list[str], echo=print) -> tuple[list[dict], list[int]]:
+    """Stop data set ``run``: its live coordinators told to submit nothing more (``stop_coordinators``), its
+    jobs scancelled, the coordinators waited for (each exits when it next looks at SLURM: the slurm plugin
+    looks every 40 s to 3 min), then anything submitted as the signal came scancelled too. Returns the jobs
+    cancelled and the coordinators still alive after COORDINATOR_EXIT_S (they submit nothing further)."""
+    coordinators = stop_coordinators(workdir, configfiles, echo)
+    if coordinators:
+        time.sleep(SUBMIT_SETTLE_S)          # an sbatch a coordinator had begun as it was told ends first
+    jobs = cancel(run, workdir)
+    alive = wait_gone(coordinators, COORDINATOR_EXIT_S)
+    return jobs + cancel(run, workdir), alive
+
+
 def cancel(run: str, workdir: Path, timeout: float = 120) -> list[dict]:
     """scancel the jobs of run ``run`` (a ``run_prefix``) and wait until squeue shows none of them."""
     jobs = workflow_jobs(run, workdir)

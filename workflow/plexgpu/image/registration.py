@@ -267,7 +267,7 @@ def neighbour_prediction(r, measured) -> tuple[np.ndarray, np.ndarray]:
         X = design[:, :terms]
         m = have[sel].astype(np.float64)                                                     # (k, 8)
         # a curvature the neighbours cannot show (along the grid's edge: two columns) is taken as none
-        ridge = np.diag([1e-9] * 4 + [1e-6] * (terms - 4)) if terms > 4 else 1e-9 * np.eye(terms)
+        ridge = np.diag([1e-9] * min(terms, 4) + [1e-6] * max(terms - 4, 0))
         A = np.einsum("ki,ia,ib->kab", m, X, X) + ridge
         rhs = np.einsum("ki,ia,ki->ka", m, X, vals[sel])
         pred[sel] = np.linalg.solve(A, rhs[..., None])[:, 0, 0]
@@ -278,9 +278,9 @@ def smooth_field(ry, rx, measured, smoothness: float):
     """Residual displacements on the block grid -> the field: a block farther than MAX_LOCAL_JUMP from what
     its measured neighbours predict (``neighbour_prediction``) is left out, the worst of its neighbourhood
     first and the test repeated without it (a wild block skews its neighbours' predictions only until it is
-    out; one that agrees then is taken back); a measured block
-    keeps its own value (a block's phase correlation is good to a few hundredths of a pixel: smoothing it
-    would flatten real deformation, 15 % of a 2.5 px warp at one block); a block left out or unmeasured
+    out; one that agrees then is taken back); a measured block keeps its own value (a block's phase
+    correlation is good to a few hundredths of a pixel: smoothing it would flatten real deformation, 15 % of
+    a 2.5 px warp at one block); a block left out or unmeasured
     takes its neighbours' values by a normalised Gaussian of ``smoothness`` blocks (not their surface's
     value there: on tile mosaics, where the blocks left out are the weakly textured ones, that extrapolated
     their neighbours' noise, worst block 0.49 -> 0.70 px against the truth), and none: the rigid model
