@@ -8,7 +8,7 @@ from common import RESULTS, markdown_table
 
 HERE = Path(__file__).parent
 for script in ("basic.py", "basic_alone.py", "decon.py", "edf.py", "decon_edf.py", "stitch_pairs.py", "stitch_sweep.py",
-               "registration.py", "validate.py", "cycle_cpu.py", "gpu_budget.py"):
+               "registration.py", "validate.py", "cycle_cpu.py", "gpu_budget.py", "plex_bias.py"):
     print(f"== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script), *sys.argv[1:]] if script == "basic.py" else
                    [sys.executable, str(HERE / script)], check=True)

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from scipy import ndimage
 
 from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import read_tiff
@@ -162,3 +163,26 @@ def test_thick_slab_keeps_the_light_and_is_hazier_than_a_sheet():
     np.testing.assert_allclose(thick.sum(), thin.sum(), rtol=0.05)
     with pytest.raises(ValueError, match="thickness_um must be >= 0"):
         replace(spec, thickness_um=-1.0)
+
+
+def test_blank_marker_dim_light_and_another_cycles_frame():
+    """A marker named Blank shows the tissue's own light only; brightness scales the counts; in_focus can
+    be cut in another cycle's frame (where registration puts the cycle): the same specimen, moved by the
+    difference of the two cycles' shifts."""
+    spec = SynthSpec(cycles=2, rows=2, cols=2, tile=(64, 64), z_planes=3, channels=2, seed=3,
+                     markers=("DAPI", "CD3", "DAPI", "Blank"))
+    ds = SynthDataset(spec)
+    stained, blank, dapi = ds.canvas_specimen(1, 2), ds.canvas_specimen(2, 2), ds.canvas_specimen(2, 1)
+    autofluorescence = np.where(ds.blank_mask, 0.0, ds.autofluorescence * 0.7 * ds.tissue)
+    np.testing.assert_allclose(blank, autofluorescence, atol=1e-6)
+    assert stained.max() > 5 * blank.max() and dapi.max() > 5 * blank.max()
+    dim = SynthDataset(replace(spec, brightness=0.1))
+    assert dim.amplitude(1) == pytest.approx(0.1 * ds.amplitude(1))
+    with pytest.raises(ValueError, match="brightness > 0"):
+        replace(spec, brightness=0.0)
+    own, moved = ds.in_focus(2, 1), ds.in_focus(2, 1, frame_of=1)
+    (y2, x2), (y1, x1) = ds.frame_origin(2), ds.frame_origin(1)
+    back = ndimage.shift(moved, (y1 - y2, x1 - x2), order=3)
+    inner = (slice(16, -16), slice(16, -16))
+    assert np.corrcoef(back[inner].ravel(), own[inner].ravel())[0, 1] > 0.999
+    assert np.corrcoef(moved[inner].ravel(), own[inner].ravel())[0, 1] < 0.99

@@ -68,7 +68,8 @@ class SynthSpec:
     thickness_um: float = 0.0      # 0: a thin sheet; else each pixel a uniform slab this deep around its depth
     pixel_size_um: float = 0.377
     z_step_um: float = 1.5
-    markers: tuple[str, ...] = field(default=())
+    markers: tuple[str, ...] = field(default=())   # a marker named Blank... shows autofluorescence only
+    brightness: float = 1.0        # scales every channel's counts (0.1: a dim marker at low counts)
 
     def __post_init__(self):
         if self.thickness_um < 0:
@@ -77,8 +78,10 @@ class SynthSpec:
             raise ValueError(f"SynthSpec.vignetting must be in [0, 1), not {self.vignetting}")
         if not 0 <= self.hot_pixels < 0.5:
             raise ValueError(f"SynthSpec.hot_pixels must be a fraction in [0, 0.5), not {self.hot_pixels}")
-        if self.jitter_px < 0 or self.cycle_shift_px < 0 or self.dark_offset < 0 or self.nuclei_density <= 0:
-            raise ValueError("SynthSpec: jitter_px, cycle_shift_px and dark_offset must be >= 0, nuclei_density > 0")
+        if self.jitter_px < 0 or self.cycle_shift_px < 0 or self.dark_offset < 0 or self.nuclei_density <= 0 \
+                or self.brightness <= 0:
+            raise ValueError("SynthSpec: jitter_px, cycle_shift_px and dark_offset must be >= 0, nuclei_density and "
+                             "brightness > 0")
 
     @property
     def step(self) -> tuple[int, int]:
@@ -214,6 +217,8 @@ class SynthDataset:
             rng = np.random.default_rng(int(self._marker_seeds[cycle - 1, channel - 1]))
             n = int(self.nucleus_labels.max())
             frac = spec.sparse_fraction if channel % 2 == 0 else 0.4
+            if self.spec.marker_names()[(cycle - 1) * spec.channels + channel - 1].lower().startswith("blank"):
+                frac = 0.0                                  # a Blank cycle: the tissue's own light only
             keep = np.concatenate([[False], rng.random(n) < frac])
             gain = np.concatenate([[0.0], rng.uniform(0.4, 1.0, n)]).astype(np.float32)
             lab = self.nucleus_labels
@@ -261,15 +266,16 @@ class SynthDataset:
             self._psfs[channel] = psfmod.psf(o, *psfmod.default_half_size(o, self.spec.z_planes))
         return self._psfs[channel]
 
-    def in_focus(self, cycle: int, channel: int) -> np.ndarray:
-        """The specimen as a perfectly focused widefield image would show it (in-focus PSF slice)."""
+    def in_focus(self, cycle: int, channel: int, frame_of: int | None = None) -> np.ndarray:
+        """The specimen as a perfectly focused widefield image would show it (in-focus PSF slice), in the
+        frame of cycle ``frame_of`` (default: its own; another cycle's: as registered onto that one)."""
         p = self.psf(channel)
         sl = p[p.shape[0] // 2]
         sharp = self.canvas_specimen(cycle, channel)
         pad = sl.shape[0] // 2
         big = np.pad(sharp, pad, mode="reflect")
         blurred = signal.fftconvolve(big, sl / sl.sum(), mode="same")[pad:-pad, pad:-pad].astype(np.float32)
-        return self.frame(cycle, blurred)
+        return self.frame(cycle if frame_of is None else frame_of, blurred)
 
     def fine_psf(self, channel: int) -> np.ndarray:
         """The channel's PSF on a z grid ``DEPTH_LEVELS`` times finer than the planes, scaled so that
@@ -311,7 +317,7 @@ class SynthDataset:
     # ------------------------------------------------------------------ acquisition
     def amplitude(self, channel: int) -> float:
         """Counts of a unit specimen value in a perfectly focused image."""
-        return 3000.0 / channel / self._focus_fraction(channel)
+        return 3000.0 * self.spec.brightness / channel / self._focus_fraction(channel)
 
     def _focus_fraction(self, channel: int) -> float:
         p = self.psf(channel)

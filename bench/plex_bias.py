@@ -1,0 +1,209 @@
+"""The additive bias of what reaches ``registered/plex.ome.tif``, per marker and cycle, against the truth,
+beside basicpy on the same tiles.
+
+A camera offset that is wrong by d counts makes every pixel of a marker read d counts too bright (or too
+dark): a dim marker's cells read too bright by their ratio, and unequally per cycle where each cycle's
+offset is wrong differently. This bench measures that bias where the user measures it.
+
+Each regime is written as raw data by ``plexgpu synth`` (3 cycles of 4 x 5 tiles of 128 x 160, 5 planes,
+2 channels; the camera offset ~90 / ~100 counts per channel with a gradient of 35 % of it across the
+sensor and a column pattern) and run by Snakemake through ``registration`` and ``qc`` with the local
+profile (CPU, deconvolution off: this is about the quantification image). Then:
+
+* **ours, end to end**: plex.ome.tif's channel of each (cycle, marker) against the truth (the specimen
+  as a perfectly focused widefield image shows it, in counts, placed where the reference cycle's mosaic
+  shows it), both smoothed by a Gaussian of 6 px (the EDF's plane lies up to half a plane off the
+  sheet: a defocus blur the truth has not, which would enter a fit of sharp images as slope < 1 and
+  a positive intercept; 6 px leaves < 1 count of it, as does a sub-pixel registration error), inside
+  a 24 px border: the least-squares intercept (counts) and slope;
+* **per plane, ours and basicpy's**: the noise-free tiles of each (cycle, channel, z) corrected by the
+  method's flat- and darkfield against the light that reached the sensor: the intercept of
+  (E - D^) / F^ against (E - D) / F over every tile pixel (E the noise-free tile, F, D the true flat and
+  offset). Ours: the profiles the stitch job wrote (basic/<cycle>/CH<ch>.profiles.tif); basicpy 2.0.0
+  fitted on the same noisy raw tiles with its darkfield (sort_intensity, approximate), one fit per plane;
+* the spread of our offset over the planes of a channel (it is one per channel: 0), the dimmest
+  background (the 1st percentile of the marker's smoothed image in plex.ome.tif), and the QC verdict
+  of each cycle's stitch stage with its reasons.
+
+  python bench/plex_bias.py [--regimes dense,sparse,...] [--no-peers] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tifffile
+import yaml
+from common import HERE, timer, write_result
+from scipy import ndimage
+from stitch_sweep import basicpy_runs
+
+from plexgpu.image.synth import SynthDataset, SynthSpec
+from plexgpu.io.raw import tile_filename
+from plexgpu.io.tiff import read_tiff
+
+REPO = HERE.parent
+BASE = dict(cycles=3, rows=4, cols=5, tile=(128, 160), overlap=0.2, z_planes=5, channels=2, jitter_px=2.0,
+            vignetting=0.45, dark_offset=100.0, seed=5)
+BLANK = ("DAPI", "CD3", "DAPI", "CD8", "DAPI", "Blank")
+REGIMES = {   # name: (what it is, SynthSpec settings over BASE)
+    "dense": ("dense stain everywhere, no bare slide", dict(nuclei_density=3.0, tissue_fraction=1.0)),
+    "sparse": ("sparse marker (3 % of cells)", dict(sparse_fraction=0.03)),
+    "dim": ("dim, low counts (a tenth of the light), sparse marker", dict(brightness=0.1, sparse_fraction=0.03)),
+    "ramp": ("offset 450 counts, a 160-count ramp across the sensor", dict(dark_offset=450.0)),
+    "dense_dark": ("dense stain, large offset (450)", dict(nuclei_density=3.0, tissue_fraction=1.0,
+                                                        dark_offset=450.0)),
+    "blank": ("a Blank cycle (cycle 3's marker: autofluorescence only), dense", dict(
+        nuclei_density=3.0, tissue_fraction=1.0, markers=BLANK)),
+}
+SMOOTH = 6.0    # px: the EDF lies up to half a plane off the sheet, a defocus blur the truth has not
+BORDER = 24
+BASICPY = {"get_darkfield": True, "sort_intensity": True, "fitting_mode": "approximate"}
+
+
+def run_workflow(raw: Path, work: Path) -> None:
+    cfg = {"raw_dir": str(raw), "results_dir": str(work / "results"), "compute": {"device": "cpu"},
+           "deconvolution": {"iterations": 0},
+           "resources": {r: {"cpus_per_task": 2, "mem_mb": 4000, "runtime": 30}
+                         for r in ("stitch", "deconvolve", "edf", "registration", "qc")}}
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    for target in ("registration", "qc"):
+        subprocess.run(["snakemake", target, "--configfile", str(work / "config.yaml"), "--profile", "profiles/local",
+                        "--cores", "2", "--quiet", "all"], cwd=REPO, env=env, check=True, capture_output=True)
+
+
+def intercept(image: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+    """Least-squares (slope, intercept) of ``image`` against ``truth``."""
+    a, b = np.polyfit(truth.ravel().astype(np.float64), image.ravel().astype(np.float64), 1)
+    return float(a), float(b)
+
+
+def plex_bias(ds: SynthDataset, truth: dict, res: Path) -> dict:
+    """(cycle, channel) -> (intercept, slope, dimmest background) of plex.ome.tif against the truth."""
+    spec = ds.spec
+    with tifffile.TiffFile(res / "registered/plex.ome.tif") as tif:
+        plex = tif.series[0].levels[0].asarray()
+    origin = np.array(truth["positions"][0], float).min(axis=0)
+    o = np.floor(origin).astype(int)
+    out = {}
+    for c in range(1, spec.cycles + 1):
+        for ch in range(1, spec.channels + 1):
+            img = plex[(c - 1) * spec.channels + ch - 1].astype(np.float32)
+            counts = 3000.0 * spec.brightness / ch * ds.in_focus(c, ch, frame_of=1)
+            sharp = ndimage.shift(counts, -(origin - o), order=3, mode="nearest")[o[0]:, o[1]:]
+            h, w = min(sharp.shape[0], img.shape[0]), min(sharp.shape[1], img.shape[1])
+            inner = (slice(BORDER, h - BORDER), slice(BORDER, w - BORDER))
+            im = ndimage.gaussian_filter(img[:h, :w], SMOOTH)[inner]
+            tr = ndimage.gaussian_filter(sharp[:h, :w], SMOOTH)[inner]
+            a, b = intercept(im, tr)
+            out[(c, ch)] = (b, a, float(np.percentile(im, 1)))
+    return out
+
+
+def plane_bias(ds: SynthDataset, c: int, ch: int, z: int, flat_hat: np.ndarray, dark_hat: np.ndarray) -> float:
+    """Intercept (counts) of the noise-free tiles corrected by (flat_hat, dark_hat) against the light."""
+    flat, dark = ds.flatfield(ch, z), ds.darkfield(ch, z)
+    tiles = np.stack(ds.expected_tiles(c, ch, z))
+    light = (tiles - dark) / flat
+    corrected = (tiles - dark_hat) / (flat_hat / flat_hat.mean())
+    return intercept(corrected, light)[1]
+
+
+def raw_plane(raw: Path, spec: SynthSpec, c: int, ch: int, z: int) -> np.ndarray:
+    folder = raw / f"cyc{c:03d}_reg{spec.region:03d}"
+    return np.stack([read_tiff(folder / tile_filename(spec.region, t, z, ch))
+                     for t in range(1, spec.rows * spec.cols + 1)]).astype(np.float32)
+
+
+def qc_stitch(res: Path) -> dict:
+    """cycle -> (status, reasons) of its stitch stage on the QC page."""
+    metrics = json.loads((res / "qc/metrics.json").read_text())
+    return {m["cycle"]: (m["status"], m["reasons"]) for m in metrics["stitch"]}
+
+
+def run_regime(name: str, what: str, settings: dict, peers: bool, keep: Path | None) -> dict:
+    ds = SynthDataset(SynthSpec(**{**BASE, **settings}))
+    spec = ds.spec
+    work = Path(tempfile.mkdtemp(prefix=f"plex_bias_{name}_", dir=keep))
+    raw = ds.write(work / "raw")
+    truth = json.loads((raw / "truth/truth.json").read_text())
+    t = {}
+    with timer(t, "s"):
+        run_workflow(raw, work)
+    res = work / "results"
+    e2e = plex_bias(ds, truth, res)
+    names = spec.marker_names()
+    rows = []
+    for c in range(1, spec.cycles + 1):
+        for ch in range(1, spec.channels + 1):
+            prof = read_tiff(res / f"basic/cyc{c:03d}/CH{ch}.profiles.tif")        # Z, (flat, dark), Y, X
+            ours = [plane_bias(ds, c, ch, z, prof[z - 1, 0], prof[z - 1, 1]) for z in range(1, spec.z_planes + 1)]
+            spread = float(np.abs(prof[:, 1].mean(axis=(1, 2)) - prof[0, 1].mean()).max())
+            true_off = float(np.mean([ds.darkfield(ch, z).mean() for z in range(1, spec.z_planes + 1)]))
+            row = {"cycle": c, "channel": ch, "marker": names[(c - 1) * spec.channels + ch - 1],
+                   "plex_bias": e2e[(c, ch)][0], "plex_slope": e2e[(c, ch)][1], "dimmest": e2e[(c, ch)][2],
+                   "ours_plane_bias": [min(ours), max(ours)], "ours_offset": float(prof[:, 1].mean()),
+                   "true_offset": true_off, "ours_offset_spread_over_planes": spread}
+            if peers:
+                planes = [raw_plane(raw, spec, c, ch, z) for z in range(1, spec.z_planes + 1)]
+                theirs = [plane_bias(ds, c, ch, z, f, d) for z, (f, d) in
+                          enumerate(basicpy_runs(planes, BASICPY), start=1)]
+                row["basicpy_plane_bias"] = [min(theirs), max(theirs)]
+            rows.append(row)
+    qc = qc_stitch(res)
+    if keep is None:
+        shutil.rmtree(work)
+    return {"regime": name, "what": what, "seconds": t["s"], "markers": rows, "qc_stitch": qc}
+
+
+def summary(r: dict) -> dict:
+    ms = r["markers"]
+    worst = max(ms, key=lambda m: abs(m["plex_bias"]))
+    acc = (f"plex.ome.tif bias {min(m['plex_bias'] for m in ms):+.1f}..{max(m['plex_bias'] for m in ms):+.1f} counts "
+           f"(worst {worst['marker']} cyc{worst['cycle']:03d}: {worst['plex_bias']:+.1f}, dimmest background "
+           f"{worst['dimmest']:.0f}); per plane {min(m['ours_plane_bias'][0] for m in ms):+.1f}.."
+           f"{max(m['ours_plane_bias'][1] for m in ms):+.1f}; offset spread over a channel's planes "
+           f"{max(m['ours_offset_spread_over_planes'] for m in ms):.2f}; QC stitch: "
+           + ", ".join(f"{c} {s}" for c, (s, _) in sorted(r["qc_stitch"].items())))
+    peer = None
+    if all("basicpy_plane_bias" in m for m in ms):
+        peer = (f"basicpy 2.0.0 darkfield, per plane {min(m['basicpy_plane_bias'][0] for m in ms):+.1f}.."
+                f"{max(m['basicpy_plane_bias'][1] for m in ms):+.1f} counts")
+    return {"what": f"additive bias, {r['what']}", "ours_s": r["seconds"], "peer": "basicpy 2.0.0" if peer else None,
+            "ours_accuracy": acc, "peer_accuracy": peer}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--keep", type=Path, help="keep each regime's raw data and results under this folder")
+    args = ap.parse_args()
+    results = []
+    for name in args.regimes.split(","):
+        what, settings = REGIMES[name]
+        r = run_regime(name, what, settings, not args.no_peers, args.keep)
+        results.append(r)
+        print(json.dumps(summary(r)), flush=True)
+    rows = [summary(r) for r in results]
+    every = [m for r in results for m in r["markers"]]
+    rows.append({"what": f"worst over {len(results)} regimes",
+                 "ours_accuracy": f"plex.ome.tif |bias| max {max(abs(m['plex_bias']) for m in every):.1f} counts",
+                 "peer_accuracy": (f"basicpy per plane |bias| max "
+                                   f"{max(max(abs(v) for v in m['basicpy_plane_bias']) for m in every):.1f} counts"
+                                   if all("basicpy_plane_bias" in m for m in every) else None)})
+    write_result("plex_bias" if not args.no_peers else "plex_bias_ours", rows + [{"detail": results}],
+                 notes=__doc__.split("\n\n")[1])
+
+
+if __name__ == "__main__":
+    main()
