@@ -61,20 +61,22 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     reference = (stitch_cfg["reference_channel"], (spec.z_planes + 1) // 2)     # in-focus (middle) plane
     times: dict = {}
     with _timed(times, "defects_s"):
-        bad_pixels = _find_defects(ctx, spec, basic_cfg, read_plane, reference[1], out)
+        bad_pixels, columns = _find_defects(ctx, spec, basic_cfg, read_plane, reference[1], out)
     read_plane = _repaired(read_plane, bad_pixels)
     with _timed(times, "read_s"):
-        small, ref_tiles, tile_shape = _read_working_size(ctx, spec, params, planes, reference, read_plane)
+        small, ref_tiles, tile_shape = _read_working_size(ctx, spec, params, planes, reference, read_plane, columns)
     _check_space(spec, tile_shape, out)
     with _timed(times, "fit_s"):
         fit = _fit_basic(ctx, spec, params, small, planes, reference[1])
     model = _stitching_model(ctx, spec, stitch_cfg, fit, planes.index(reference), ref_tiles, tile_shape, reference,
-                             out)
+                             columns, out)
     with _timed(times, "shading_s"):
         shades, offsets = _shade_planes(ctx, spec, basic_cfg, params, small, fit, model, tile_shape, planes)
+    for ch, record in offsets.items():
+        record["column_offsets_rms"] = float(columns[int(ch)].std())
     del small, fit
     recorded, saturated = _blend_mosaics(ctx, spec, model, shades, planes, tile_shape, read_plane,
-                                         {reference: ref_tiles}, out)
+                                         {reference: ref_tiles}, columns, out)
     footprints = [[int(y), int(x), int(tile_shape[0]), int(tile_shape[1])] for y, x in model.placement]
     PlanesRecord(recorded, saturated, {f"{ch}/{z}": _shading_record(sh) for (ch, z), sh in zip(planes, shades)},
                  footprints, offsets, bad_pixels.counts()).write(out["planes"])
@@ -94,17 +96,25 @@ def _check_space(spec: CycleSpec, tile_shape, out) -> None:
                                           "written, checked before the stitch computes")
 
 
-def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane, ref_z: int, out) -> defects.Defects:
+def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane, ref_z: int,
+                  out) -> tuple[defects.Defects, dict]:
     """The sensor's defective pixels: from a dark frame the user gave, and from their persistence across
     the tiles of each channel's middle plane (one camera: the union over channels); written to
-    ``out["defects"]``."""
-    found = None
+    ``out["defects"]``. And each channel's column offsets (W,), part of its camera offset: measured where
+    the offset is fitted or given as a number (a dark frame holds them; zeros where the offset is off)."""
+    found, columns = None, {}
+    grid_cols = [c for _, c in spec.layout]
     for ch in spec.channels:
         tiles = read_plane(ch, ref_z)
         d = defects.find_defects(tiles, ctx.xp)
         log.info("CH%d Z%03d: %d defective sensor pixels persist across the %d tiles (%s)", ch, ref_z, len(d),
                  len(tiles), ", ".join(f"{k} {n}" for k, n in d.counts().items() if n) or "none")
         found = d if found is None else found.union(d)
+        columns[ch] = np.zeros(tiles[0].shape[-1], np.float32)
+        if basic.DarkfieldSetting.from_config(basic_cfg["darkfield"], ch).mode in ("fit", "counts"):
+            columns[ch] = defects.column_offsets(tiles, grid_cols, ctx.xp)
+            log.info("CH%d Z%03d: column offsets of the sensor %.2f counts rms (largest %.1f), part of the offset "
+                     "subtracted", ch, ref_z, float(columns[ch].std()), float(np.abs(columns[ch]).max()))
         shape = tuple(tiles[0].shape)
         del tiles
     frames = {basic.DarkfieldSetting.from_config(basic_cfg["darkfield"], ch).frame for ch in spec.channels} - {None}
@@ -117,7 +127,7 @@ def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane,
     if len(found):
         log.info("%s: %d defective sensor pixels replaced by their neighbours' median in every tile (%s)", spec.key,
                  len(found), out["defects"])
-    return found
+    return found, columns
 
 
 def _repaired(read_plane, bad_pixels: defects.Defects):
@@ -135,10 +145,10 @@ def _timed(times: dict, key: str):
     times[key] = time.perf_counter() - t0
 
 
-def _read_working_size(ctx: JobContext, spec: CycleSpec, params, planes, reference, read_plane):
-    """Every plane's tiles box-downsampled to BaSiC's working size, into one batch array (planes x
-    tiles x ws x ws; integer tiles kept as uint16, within half a count: half of float32's memory);
-    the reference plane's full tiles are kept for the stitching model."""
+def _read_working_size(ctx: JobContext, spec: CycleSpec, params, planes, reference, read_plane, columns: dict):
+    """Every plane's tiles box-downsampled to BaSiC's working size, less their channel's column offsets,
+    into one batch array (planes x tiles x ws x ws; integer tiles kept as uint16, within half a count:
+    half of float32's memory); the reference plane's full tiles are kept for the stitching model."""
     xp = ctx.xp
     advance = ctx.progress(f"{spec.key} read + resize {len(planes)} planes", len(planes))
     small, ref_tiles, tile_shape = None, None, None
@@ -152,15 +162,22 @@ def _read_working_size(ctx: JobContext, spec: CycleSpec, params, planes, referen
             counts = tiles[0].dtype.kind in "ui"
             small = xp.empty((len(planes), len(tiles), params.working_size, params.working_size),
                              xp.uint16 if counts else xp.float32)
+        pattern = basic.downsample(xpmod.to_device(_columns_image(columns[ch], tile_shape), xp)[None],
+                                   params.working_size)
         for j in range(0, len(tiles), RESIZE_TILES):  # a few tiles at a time: their float32 copies stay small
             resized = basic.downsample(xp.stack([xpmod.to_device(t, xp) for t in tiles[j:j + RESIZE_TILES]]),
-                                       params.working_size)
+                                       params.working_size) - pattern
             small[i, j:j + RESIZE_TILES] = xp.clip(xp.rint(resized), 0, 65535) if counts else resized
             del resized
         if (ch, z) == reference:
             ref_tiles = tiles
         advance()
     return small, ref_tiles, tile_shape
+
+
+def _columns_image(columns: np.ndarray, tile_shape) -> np.ndarray:
+    """A channel's column offsets as an image of the tile's shape (every row the same)."""
+    return np.broadcast_to(columns[None, :], tuple(tile_shape)).astype(np.float32)
 
 
 def _fit_basic(ctx: JobContext, spec: CycleSpec, params, small, planes, ref_z: int):
@@ -180,11 +197,12 @@ def _fit_basic(ctx: JobContext, spec: CycleSpec, params, small, planes, ref_z: i
 
 
 def _stitching_model(ctx: JobContext, spec: CycleSpec, stitch_cfg: dict, fit, ref: int, ref_tiles, tile_shape,
-                     reference, out):
+                     reference, columns: dict, out):
     """One stitching model for the cycle from the reference plane, corrected by its BaSiC fit; writes
     positions.csv and pairs.csv, and stops the job in one line where the grid cannot be right."""
     xp = ctx.xp
-    flat0, dark0 = basic.upsample(fit.flatfield[ref], tile_shape), basic.upsample(fit.darkfield[ref], tile_shape)
+    flat0 = basic.upsample(fit.flatfield[ref], tile_shape)
+    dark0 = basic.upsample(fit.darkfield[ref], tile_shape) + xpmod.to_device(columns[reference[0]], xp)
     corrected = [basic.correct(xpmod.to_device(t, xp), flat0, dark0) for t in ref_tiles]
     model = stitching.compute_model(corrected, spec.layout, spec.overlap, stitch_cfg.get("max_shift_px"))
     del corrected, flat0, dark0
@@ -208,9 +226,9 @@ def _stitching_model(ctx: JobContext, spec: CycleSpec, stitch_cfg: dict, fit, re
 
 
 def _blend_mosaics(ctx: JobContext, spec: CycleSpec, model, shades, planes, tile_shape, read_plane, kept_tiles: dict,
-                   out) -> tuple[dict, dict]:
-    """Every plane corrected by its own flat- and darkfield and blended into its channel's mosaic
-    (uint16), written plane by plane; the profiles per channel. Returns each tile's raw statistics
+                   columns: dict, out) -> tuple[dict, dict]:
+    """Every plane corrected by its own flat- and darkfield (with its channel's column offsets) and blended
+    into its channel's mosaic (uint16), written plane by plane; the profiles per channel. Returns each tile's raw statistics
     per plane (for the EDF's quality gate) and the pixels saturated by the correction per channel."""
     xp = ctx.xp
     stitched_out, profiles_out = per_channel(spec, out["stitched"]), per_channel(spec, out["profiles"])
@@ -226,7 +244,7 @@ def _blend_mosaics(ctx: JobContext, spec: CycleSpec, model, shades, planes, tile
             for z in range(1, spec.z_planes + 1):
                 shade = shades[index[(ch, z)]]
                 flat = xpmod.to_device(basic.upsample(shade.flatfield, tile_shape), xp)
-                dark = xpmod.to_device(basic.upsample(shade.darkfield, tile_shape), xp)
+                dark = xpmod.to_device(basic.upsample(shade.darkfield, tile_shape) + columns[ch], xp)
                 tiles = kept_tiles.get((ch, z)) or read_plane(ch, z)
                 recorded.setdefault(str(ch), {})[str(z)] = [edf.tile_stats(t) for t in tiles]
                 plane = stitching.blend((basic.correct(xpmod.to_device(t, xp), flat, dark) for t in tiles), model)
