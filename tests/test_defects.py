@@ -153,29 +153,27 @@ def test_column_offsets_of_the_sensor_found_under_the_specimen(xp):
     specimen elsewhere in every tile); a sensor without one gets (nearly) nothing subtracted."""
     rng = np.random.default_rng(3)
     pattern = rng.uniform(-9, 9, 128)
-    grid_cols = [i % 5 for i in range(20)]
-    found = defects.column_offsets([xpmod.to_device(t, xp) for t in _column_tiles(rng, pattern, 800.0)], grid_cols, xp)
+    found = defects.column_offsets([xpmod.to_device(t, xp) for t in _column_tiles(rng, pattern, 800.0)], xp)
     truth = pattern - pattern.mean()
     assert np.std(found - truth) < 0.25 * np.std(truth), (np.std(found - truth), np.std(truth))
-    none = defects.column_offsets(_column_tiles(rng, np.zeros(128), 800.0), grid_cols)
+    none = defects.column_offsets(_column_tiles(rng, np.zeros(128), 800.0))
     assert np.std(none) < 0.5, np.std(none)
-    assert not defects.column_offsets(_column_tiles(rng, pattern, 800.0, n=8), grid_cols[:8]).any()  # too few
+    assert not defects.column_offsets(_column_tiles(rng, pattern, 800.0, n=4)).any()  # too few tiles
 
 
 @pytest.mark.slow
 def test_column_offsets_part_of_the_camera_offset(tmp_path):
-    """Offset 450 counts with a ramp and a +-2 % column pattern: the lowest columns pulled the lower
-    support the offset is fitted under (7.9 and 10.2 counts low; 2.2 without the pattern); with the
-    pattern measured and subtracted, within 6 counts, and the darkfield written holds the pattern."""
+    """Offset 450 counts with a ramp and a +-2 % column pattern (5.5 counts rms): the lowest columns
+    pulled the lower support the offset is fitted under (7.9 and 10.2 counts low; 2.2 without the
+    pattern); with the pattern measured and subtracted, within 5 counts, and the darkfield written
+    holds the pattern: what it leaves of it in every tile is below 1.5 counts rms (was all of it)."""
     ds = SynthDataset(SynthSpec(cycles=1, rows=4, cols=5, tile=(128, 160), overlap=0.2, z_planes=5, channels=2,
                                 jitter_px=2.0, vignetting=0.45, dark_offset=450.0, seed=5))
     _, cs, out, _ = _run_stitch(tmp_path, ds)
     record = PlanesRecord.read(out["planes"])
     for ch, path in zip(cs.channels, out["profiles"]):
         truth = ds.darkfield(ch, 1)
-        assert abs(record.offsets[str(ch)]["counts"] - float(truth.mean())) < 6, (ch, record.offsets, truth.mean())
-        dark = read_tiff(path)[0, 1]
-        columns = truth[0] - np.polyval(np.polyfit(np.arange(truth.shape[1]), truth[0], 1), np.arange(truth.shape[1]))
-        written = dark.mean(axis=0) - np.polyval(np.polyfit(np.arange(dark.shape[1]), dark.mean(axis=0), 1),
-                                                 np.arange(dark.shape[1]))
-        assert np.corrcoef(columns, written)[0, 1] > 0.8, (ch, np.corrcoef(columns, written)[0, 1])
+        assert abs(record.offsets[str(ch)]["counts"] - float(truth.mean())) < 5, (ch, record.offsets, truth.mean())
+        left = read_tiff(path)[0, 1] - truth
+        assert np.std(left.mean(axis=0) - left.mean()) < 1.5, (ch, np.std(left.mean(axis=0)))
+        assert record.offsets[str(ch)]["column_offsets_rms"] > 4

@@ -41,6 +41,8 @@ STUCK_FRACTION = 0.05    # a reading varying across tiles less than this fractio
 COLUMN_SMOOTH = 0.25     # of the sensor's width: what bends more slowly across the columns than a Gaussian of
                          # this sigma is the flatfield's (vignetting bends over the whole field), not the
                          # amplifiers' (one value per column)
+CHANCE_SIGMAS = 3.0      # column offsets: the halves' correlation must exceed this many of its standard errors
+                         # under no pattern (1 / sqrt(columns)), or nothing is subtracted
 LOW_QUANTILE = 0.05      # the tiles' low envelope at a sensor pixel (as image.basic.DARK_QUANTILE)
 MIN_TILES = 5            # fewer tiles: persistence cannot be told from the specimen; nothing is looked for
 _NEIGHBOURS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if (dy, dx) != (0, 0)]
@@ -116,45 +118,65 @@ def find_defects(tiles, xp=None) -> Defects:
     return found
 
 
-def column_offsets(tiles, grid_cols, xp=None) -> np.ndarray:
-    """The sensor's column offsets (W,) in counts, zero mean, from one plane's tiles (host or device)
-    and each tile's column in the grid (``grid_cols``).
+def column_offsets(tiles, xp=None) -> np.ndarray:
+    """The sensor's column offsets (W,) in counts, zero mean, from one plane's tiles (host or device).
 
     Where the tiles are dimmest the camera shows most of itself: per sensor pixel the low envelope over
     the tiles (their LOW_QUANTILE, as BaSiC's darkfield takes it, at full size); per column the mean of
-    its rows' middle half; what is smooth across the columns (the offset's own smooth part, fitted
-    elsewhere, and the specimen's floor under the flatfield) taken out: a quadratic, then a Gaussian of
-    COLUMN_SMOOTH of the width. The pattern's slow part matters: the offset is fitted at working size
-    under a smoothed envelope, where only that part is left (450-count offset with a +-2 % pattern:
-    fitted 7.9 / 10.2 counts low; the true pattern subtracted 2.2 / 2.3; subtracted above a Gaussian
-    of 8 px, 4.9 / 6.3; of 32 px, 2.0 / 2.2). The specimen's floor leaves noise in that estimate;
-    the pattern is scaled by its reliability, the part of it that repeats between the estimates from
-    the tiles of the even and of the odd grid columns (split-half correlation r, for the whole
-    2r / (1 + r)): a pattern buried in the specimen is not subtracted as if it were measured. (Tiles one
-    above the other hold the same specimen at the same sensor columns, in their overlap: they go to the
-    same half. Split by tile number, dense DAPI gave r 0.29 where each half's correlation with the
-    true pattern was 0.06-0.10; by grid column -0.16.) Zeros when either half has too few tiles to tell
-    the sensor from the specimen."""
+    the middle half of its values; what is smooth across the columns (the offset's own smooth part,
+    fitted elsewhere, and the specimen's floor under the flatfield) taken out: a quadratic, then a
+    Gaussian of COLUMN_SMOOTH of the width. The pattern's slow part matters: the offset is fitted at
+    working size under a smoothed envelope, where only that part is left (128 x 160 tiles, a 450-count
+    offset with a +-2 % pattern: fitted 7.9 / 10.2 counts low; the true pattern subtracted 2.2 / 2.3;
+    subtracted above a Gaussian of 8 px, 4.9 / 6.3; of 32 px, 2.0 / 2.2).
+
+    The specimen's floor leaves noise in that estimate; the pattern is scaled by its reliability, the
+    part of it that repeats between the estimates from the second and from the third quarter of the
+    sensor's rows (split-half correlation r; for the two together 2r / (1 + r)), which is what is
+    returned: a pattern buried in the specimen is not subtracted as if it were measured. None at all
+    where the halves' column-to-column differences (where the specimen, smooth across neighbouring
+    columns, has least power and the pattern all of its own) are no more alike than CHANCE_SIGMAS
+    standard errors of two unrelated profiles (160 columns: r 0.13 by chance gave a 6-count pattern
+    where there is 1.2). The halves
+    are of rows, not of tiles: the low envelope of half the tiles is far above that of all of them
+    where every tile holds specimen (DAPI, 512 x 640 tiles: each half of the tiles correlated 0.19-0.25
+    with the true pattern, all of them 1.00). And of the middle rows: a tile's top rows hold the
+    specimen its upper neighbour holds in its bottom rows, at the same columns (dense DAPI, top against
+    bottom half: a 10.7-count pattern found where there is 1.2); the middle quarters share none for any
+    overlap up to half a tile. Zeros when there are too few tiles to tell the sensor from the specimen."""
     xp = xp or xpmod.array_module(tiles[0])
-    width = int(tiles[0].shape[-1])
-    even = np.asarray(grid_cols) % 2 == 0
-    if min(even.sum(), (~even).sum()) < MIN_TILES or width < 32:
+    height, width = (int(n) for n in tiles[0].shape[-2:])
+    if len(tiles) < MIN_TILES or width < 32 or height < 16:
         return np.zeros(width, np.float32)
     stack = xp.stack([xpmod.to_device(t, xp).astype(xp.float32) for t in tiles])
+    low = xp.sort(stack, axis=0)[int(LOW_QUANTILE * (len(tiles) - 1))]
+    del stack
 
-    def pattern(part):
-        low = xp.sort(xp.sort(part, axis=0)[int(LOW_QUANTILE * (part.shape[0] - 1))], axis=0)
-        h = low.shape[0]
-        profile = xpmod.to_host(low[h // 4: h - h // 4].mean(axis=0)).astype(np.float64)  # integer counts
+    def pattern(rows):
+        values = xp.sort(rows, axis=0)
+        h = values.shape[0]
+        profile = xpmod.to_host(values[h // 4: h - h // 4].mean(axis=0)).astype(np.float64)  # integer counts
         x = np.linspace(-1, 1, profile.size)
         c = profile - np.polyval(np.polyfit(x, profile, 2), x)
         c = c - ndimage.gaussian_filter1d(c, COLUMN_SMOOTH * profile.size, mode="mirror")
         return c - c.mean()
 
-    halves = [pattern(stack[xpmod.to_device(np.flatnonzero(h), xp)]) for h in (even, ~even)]
-    columns = pattern(stack)
-    r = float(np.corrcoef(*halves)[0, 1]) if min(h.std() for h in halves) > 0 else 0.0
-    return (max(0.0, 2 * r / (1 + r)) * columns).astype(np.float32)
+    q = height // 4
+    top, bottom = pattern(low[q:2 * q]), pattern(low[2 * q:3 * q])
+    def alike(a, b) -> float:
+        return float(np.corrcoef(a, b)[0, 1]) if min(a.std(), b.std()) > 0 else 0.0
+
+    if alike(np.diff(top), np.diff(bottom)) < CHANCE_SIGMAS / np.sqrt(width - 2):  # column to column: as two
+        return np.zeros(width, np.float32)                                         # unrelated profiles
+    # Wiener filter: the pattern is white (its power the same at every spatial frequency: measured where
+    # the specimen is weakest, the upper half, as the halves' cross-power); the specimen's noise in the
+    # mean of the halves is half their difference (its power smoothed over neighbouring frequencies)
+    a, b = np.fft.rfft(top), np.fft.rfft(bottom)
+    upper = slice(a.size // 2, None)
+    signal = max(float(np.mean((a[upper] * np.conj(b[upper])).real)), 0.0)
+    noise = ndimage.uniform_filter1d(np.abs(a - b) ** 2 / 4, 9, mode="nearest")
+    kept = np.fft.irfft((a + b) / 2 * signal / (signal + noise + 1e-12), n=width)
+    return (kept - kept.mean()).astype(np.float32)
 
 
 def defects_in_dark_frame(frame: np.ndarray) -> Defects:

@@ -103,7 +103,6 @@ def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane,
     ``out["defects"]``. And each channel's column offsets (W,), part of its camera offset: measured where
     the offset is fitted or given as a number (a dark frame holds them; zeros where the offset is off)."""
     found, columns = None, {}
-    grid_cols = [c for _, c in spec.layout]
     for ch in spec.channels:
         tiles = read_plane(ch, ref_z)
         d = defects.find_defects(tiles, ctx.xp)
@@ -112,7 +111,7 @@ def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane,
         found = d if found is None else found.union(d)
         columns[ch] = np.zeros(tiles[0].shape[-1], np.float32)
         if basic.DarkfieldSetting.from_config(basic_cfg["darkfield"], ch).mode in ("fit", "counts"):
-            columns[ch] = defects.column_offsets(tiles, grid_cols, ctx.xp)
+            columns[ch] = defects.column_offsets(tiles, ctx.xp)
             log.info("CH%d Z%03d: column offsets of the sensor %.2f counts rms (largest %.1f), part of the offset "
                      "subtracted", ch, ref_z, float(columns[ch].std()), float(np.abs(columns[ch]).max()))
         shape = tuple(tiles[0].shape)
