@@ -366,7 +366,9 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     happens to follow the flatfield's dome the fit takes it for light and moves the offset by as much
     (measured: a bare-slide field, offset 484 counts with a +-2 % column pattern, gave a light floor of
     9 counts that is not there and an offset 11 counts low); the planes share the camera, so only
-    resampling the field shows it, and the offset is then flagged uncertain."""
+    resampling the field shows it, and the offset is then flagged uncertain. (The column offsets are
+    now measured and taken out of the envelopes first, ``defects.column_offsets``; what of them is left,
+    and any other fixed pattern, is what this guards against.)"""
     parts = [_envelope_blocks(e, f) for e, f in zip(envelopes, flats)]
     n = len(parts)
     h, w = envelopes[0].shape
