@@ -18,10 +18,10 @@ and stitching.
 
 An sCMOS sensor reads each column through its own amplifier, so its offset carries a fixed pattern of
 **column offsets** (a few counts to 2 % of the offset) that persists the same way
-(``column_offsets``). An offset model that is smooth cannot hold it, and its lowest columns pull the
-lower support of the envelope the offset is fitted under: a 450-count offset with a +-2 % column
-pattern was fitted 8-10 counts low (2 counts without the pattern). The pattern is measured per
-channel, made part of the subtracted offset and taken out of the tiles before BaSiC's envelope.
+(``column_offsets``). A smooth offset model cannot hold it: left in, it stripes every tile of the
+mosaic (a dim marker's background is a few counts) and its lowest columns pull the lower support the
+offset is fitted under. The pattern is measured per channel, made part of the subtracted offset and
+taken out of the tiles before BaSiC's envelope.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from .. import xp as xpmod
 DEFECT_SIGMAS = 10.0     # |median residual| beyond this many robust stds of the map: a defect
 MIN_EXCESS = 50.0        # ... and at least this many counts (noise of a median over few tiles)
 STUCK_FRACTION = 0.05    # a reading varying across tiles less than this fraction of its neighbours': stuck
-COLUMN_SMOOTH = 0.25     # of the sensor's width: what bends more slowly across the columns than a Gaussian of
-                         # this sigma is the flatfield's (vignetting bends over the whole field), not the
-                         # amplifiers' (one value per column)
+COLUMN_SMOOTH = 8.0      # px: a column's offset is against a Gaussian of this sigma across the columns: far
+                         # wider than one column (the pattern), far narrower than a flatfield's curvature
 CHANCE_SIGMAS = 3.0      # column offsets: the halves' correlation must exceed this many of its standard errors
                          # under no pattern (1 / sqrt(columns)), or nothing is subtracted
 LOW_QUANTILE = 0.05      # the tiles' low envelope at a sensor pixel (as image.basic.DARK_QUANTILE)
@@ -124,11 +123,13 @@ def column_offsets(tiles, xp=None) -> np.ndarray:
     Where the tiles are dimmest the camera shows most of itself: per sensor pixel the low envelope over
     the tiles (their LOW_QUANTILE, as BaSiC's darkfield takes it, at full size); per column the mean of
     the middle half of its values; what is smooth across the columns (the offset's own smooth part,
-    fitted elsewhere, and the specimen's floor under the flatfield) taken out: a quadratic, then a
-    Gaussian of COLUMN_SMOOTH of the width. The pattern's slow part matters: the offset is fitted at
-    working size under a smoothed envelope, where only that part is left (128 x 160 tiles, a 450-count
-    offset with a +-2 % pattern: fitted 7.9 / 10.2 counts low; the true pattern subtracted 2.2 / 2.3;
-    subtracted above a Gaussian of 8 px, 4.9 / 6.3; of 32 px, 2.0 / 2.2).
+    fitted elsewhere, and the specimen's floor under the flatfield) taken out by a Gaussian of
+    COLUMN_SMOOTH px. Only the pattern's fast part is measured: its slow part cannot be told from the
+    floor under the flatfield's dome. (Kept down to a quarter of the width, 128 x 160 tiles with a 450-
+    count offset and a +-2 % pattern were fitted 3.7 / 4.7 counts low instead of 7.6 / 10.8, but on
+    data not looked at while making it, 20 % vignetting, 7.9 -> 11.1 counts low and one channel no
+    longer flagged; with COLUMN_SMOOTH, bench/stitch_sweep.py's offsets are closer in 8 of 11 regimes,
+    by 0.2-2.5 counts, and 0.1-0.2 further in 3.)
 
     The specimen's floor leaves noise in that estimate; the pattern is scaled by its reliability, the
     part of it that repeats between the estimates from the second and from the third quarter of the
@@ -156,9 +157,7 @@ def column_offsets(tiles, xp=None) -> np.ndarray:
         values = xp.sort(rows, axis=0)
         h = values.shape[0]
         profile = xpmod.to_host(values[h // 4: h - h // 4].mean(axis=0)).astype(np.float64)  # integer counts
-        x = np.linspace(-1, 1, profile.size)
-        c = profile - np.polyval(np.polyfit(x, profile, 2), x)
-        c = c - ndimage.gaussian_filter1d(c, COLUMN_SMOOTH * profile.size, mode="mirror")
+        c = profile - ndimage.gaussian_filter1d(profile, COLUMN_SMOOTH, mode="mirror")
         return c - c.mean()
 
     q = height // 4
