@@ -34,6 +34,7 @@ import numpy as np
 from scipy import ndimage
 
 from .. import xp as xpmod
+from .basic import DARK_QUANTILE
 
 DEFECT_SIGMAS = 10.0     # |median residual| beyond this many robust stds of the map: a defect
 MIN_EXCESS = 50.0        # ... and at least this many counts (noise of a median over few tiles)
@@ -42,7 +43,6 @@ COLUMN_SMOOTH = 8.0      # px: a column's offset is against a Gaussian of this s
                          # wider than one column (the pattern), far narrower than a flatfield's curvature
 CHANCE_SIGMAS = 3.0      # column offsets: the halves' correlation must exceed this many of its standard errors
                          # under no pattern (1 / sqrt(columns)), or nothing is subtracted
-LOW_QUANTILE = 0.05      # the tiles' low envelope at a sensor pixel (as image.basic.DARK_QUANTILE)
 MIN_TILES = 5            # fewer tiles: persistence cannot be told from the specimen; nothing is looked for
 _NEIGHBOURS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if (dy, dx) != (0, 0)]
 
@@ -88,14 +88,21 @@ def _robust_std(values, xp) -> float:
     return float(1.4826 * xp.median(xp.abs(values - med))) + 1e-6
 
 
+def stack_tiles(tiles, xp):
+    """One plane's tiles (a list of YX arrays, host or device) as one float32 (N, Y, X) device array, for
+    ``find_defects`` and ``column_offsets`` to share (one copy to the device)."""
+    return xp.stack([xpmod.to_device(t, xp).astype(xp.float32) for t in tiles])
+
+
 def find_defects(tiles, xp=None) -> Defects:
-    """Defective pixels from one plane's tiles (a list of YX arrays of one sensor, host or device)."""
+    """Defective pixels from one plane's tiles (a list of YX arrays of one sensor, host or device, or
+    their ``stack_tiles``)."""
     xp = xp or xpmod.array_module(tiles[0])
     shape = tuple(tiles[0].shape)
     if len(tiles) < MIN_TILES:
         return none(shape)
     ndi = xpmod.ndimage(xp)
-    stack = xp.stack([xpmod.to_device(t, xp).astype(xp.float32) for t in tiles])
+    stack = tiles if getattr(tiles, "ndim", 0) == 3 else stack_tiles(tiles, xp)
     residual = stack - ndi.median_filter(stack, size=(1, 3, 3), mode="nearest")
     persistent = xp.median(residual, axis=0)                     # the specimen cancels, the sensor stays
     del residual
@@ -118,10 +125,11 @@ def find_defects(tiles, xp=None) -> Defects:
 
 
 def column_offsets(tiles, xp=None) -> np.ndarray:
-    """The sensor's column offsets (W,) in counts, zero mean, from one plane's tiles (host or device).
+    """The sensor's column offsets (W,) in counts, zero mean, from one plane's tiles (host or device, or
+    their ``stack_tiles``).
 
     Where the tiles are dimmest the camera shows most of itself: per sensor pixel the low envelope over
-    the tiles (their LOW_QUANTILE, as BaSiC's darkfield takes it, at full size); per column the mean of
+    the tiles (their DARK_QUANTILE, as BaSiC's darkfield takes it, at full size); per column the mean of
     the middle half of its values; what is smooth across the columns (the offset's own smooth part,
     fitted elsewhere, and the specimen's floor under the flatfield) taken out by a Gaussian of
     COLUMN_SMOOTH px. Only the pattern's fast part is measured: its slow part cannot be told from the
@@ -138,10 +146,9 @@ def column_offsets(tiles, xp=None) -> np.ndarray:
     where the halves' column-to-column differences (where the specimen, smooth across neighbouring
     columns, has least power and the pattern all of its own) are no more alike than CHANCE_SIGMAS
     standard errors of two unrelated profiles (160 columns: r 0.13 by chance gave a 6-count pattern
-    where there is 1.2). The halves
-    are of rows, not of tiles: the low envelope of half the tiles is far above that of all of them
-    where every tile holds specimen (DAPI, 512 x 640 tiles: each half of the tiles correlated 0.19-0.25
-    with the true pattern, all of them 1.00). And of the middle rows: a tile's top rows hold the
+    where there is 1.2). The halves are of rows, not of tiles: the low envelope of half the tiles is far
+    above that of all of them where every tile holds specimen (DAPI, 512 x 640 tiles: each half of the
+    tiles correlated 0.19-0.25 with the true pattern, all of them 1.00). And of the middle rows: a tile's top rows hold the
     specimen its upper neighbour holds in its bottom rows, at the same columns (dense DAPI, top against
     bottom half: a 10.7-count pattern found where there is 1.2); the middle quarters share none for any
     overlap up to half a tile. Zeros when there are too few tiles to tell the sensor from the specimen."""
@@ -149,8 +156,8 @@ def column_offsets(tiles, xp=None) -> np.ndarray:
     height, width = (int(n) for n in tiles[0].shape[-2:])
     if len(tiles) < MIN_TILES or width < 32 or height < 16:
         return np.zeros(width, np.float32)
-    stack = xp.stack([xpmod.to_device(t, xp).astype(xp.float32) for t in tiles])
-    low = xp.sort(stack, axis=0)[int(LOW_QUANTILE * (len(tiles) - 1))]
+    stack = tiles if getattr(tiles, "ndim", 0) == 3 else stack_tiles(tiles, xp)
+    low = xp.sort(stack, axis=0)[int(DARK_QUANTILE * (len(tiles) - 1))]
     del stack
 
     def pattern(rows):
@@ -162,6 +169,7 @@ def column_offsets(tiles, xp=None) -> np.ndarray:
 
     q = height // 4
     top, bottom = pattern(low[q:2 * q]), pattern(low[2 * q:3 * q])
+
     def alike(a, b) -> float:
         return float(np.corrcoef(a, b)[0, 1]) if min(a.std(), b.std()) > 0 else 0.0
 

@@ -61,7 +61,7 @@ def stitch(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, stitch_cfg: dict, 
     reference = (stitch_cfg["reference_channel"], (spec.z_planes + 1) // 2)     # in-focus (middle) plane
     times: dict = {}
     with _timed(times, "defects_s"):
-        bad_pixels, columns = _find_defects(ctx, spec, basic_cfg, read_plane, reference[1], out)
+        bad_pixels, columns = _find_sensor_pattern(ctx, spec, basic_cfg, read_plane, reference[1], out)
     read_plane = _repaired(read_plane, bad_pixels)
     with _timed(times, "read_s"):
         small, ref_tiles, tile_shape = _read_working_size(ctx, spec, params, planes, reference, read_plane, columns)
@@ -96,8 +96,8 @@ def _check_space(spec: CycleSpec, tile_shape, out) -> None:
                                           "written, checked before the stitch computes")
 
 
-def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane, ref_z: int,
-                  out) -> tuple[defects.Defects, dict]:
+def _find_sensor_pattern(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane, ref_z: int,
+                         out) -> tuple[defects.Defects, dict]:
     """The sensor's defective pixels: from a dark frame the user gave, and from their persistence across
     the tiles of each channel's middle plane (one camera: the union over channels); written to
     ``out["defects"]``. And each channel's column offsets (W,), part of its camera offset: measured where
@@ -105,17 +105,18 @@ def _find_defects(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, read_plane,
     found, columns = None, {}
     for ch in spec.channels:
         tiles = read_plane(ch, ref_z)
-        d = defects.find_defects(tiles, ctx.xp)
+        stack = defects.stack_tiles(tiles, ctx.xp)                   # one copy to the device for both
+        d = defects.find_defects(stack, ctx.xp)
         log.info("CH%d Z%03d: %d defective sensor pixels persist across the %d tiles (%s)", ch, ref_z, len(d),
                  len(tiles), ", ".join(f"{k} {n}" for k, n in d.counts().items() if n) or "none")
         found = d if found is None else found.union(d)
         columns[ch] = np.zeros(tiles[0].shape[-1], np.float32)
         if basic.DarkfieldSetting.from_config(basic_cfg["darkfield"], ch).mode in ("fit", "counts"):
-            columns[ch] = defects.column_offsets(tiles, ctx.xp)
+            columns[ch] = defects.column_offsets(stack, ctx.xp)
             log.info("CH%d Z%03d: column offsets of the sensor %.2f counts rms (largest %.1f), part of the offset "
                      "subtracted", ch, ref_z, float(columns[ch].std()), float(np.abs(columns[ch]).max()))
         shape = tuple(tiles[0].shape)
-        del tiles
+        del tiles, stack
     frames = {basic.DarkfieldSetting.from_config(basic_cfg["darkfield"], ch).frame for ch in spec.channels} - {None}
     for path in sorted(frames):                  # one camera: the union of its dark frames' hot pixels
         frame = basic.known_offset(path, shape, basic_cfg["working_size"])[0]
@@ -150,7 +151,7 @@ def _read_working_size(ctx: JobContext, spec: CycleSpec, params, planes, referen
     half of float32's memory); the reference plane's full tiles are kept for the stitching model."""
     xp = ctx.xp
     advance = ctx.progress(f"{spec.key} read + resize {len(planes)} planes", len(planes))
-    small, ref_tiles, tile_shape = None, None, None
+    small, ref_tiles, tile_shape, patterns = None, None, None, {}
     for i, (ch, z) in enumerate(planes):
         tiles = read_plane(ch, z)
         tile_shape = tile_shape or tiles[0].shape
@@ -161,11 +162,12 @@ def _read_working_size(ctx: JobContext, spec: CycleSpec, params, planes, referen
             counts = tiles[0].dtype.kind in "ui"
             small = xp.empty((len(planes), len(tiles), params.working_size, params.working_size),
                              xp.uint16 if counts else xp.float32)
-        pattern = basic.downsample(xpmod.to_device(_columns_image(columns[ch], tile_shape), xp)[None],
-                                   params.working_size)
+        if ch not in patterns:                        # the channel's column offsets at working size, once
+            patterns[ch] = basic.downsample(xpmod.to_device(_columns_image(columns[ch], tile_shape), xp)[None],
+                                            params.working_size)
         for j in range(0, len(tiles), RESIZE_TILES):  # a few tiles at a time: their float32 copies stay small
             resized = basic.downsample(xp.stack([xpmod.to_device(t, xp) for t in tiles[j:j + RESIZE_TILES]]),
-                                       params.working_size) - pattern
+                                       params.working_size) - patterns[ch]
             small[i, j:j + RESIZE_TILES] = xp.clip(xp.rint(resized), 0, 65535) if counts else resized
             del resized
         if (ch, z) == reference:
@@ -227,8 +229,9 @@ def _stitching_model(ctx: JobContext, spec: CycleSpec, stitch_cfg: dict, fit, re
 def _blend_mosaics(ctx: JobContext, spec: CycleSpec, model, shades, planes, tile_shape, read_plane, kept_tiles: dict,
                    columns: dict, out) -> tuple[dict, dict]:
     """Every plane corrected by its own flat- and darkfield (with its channel's column offsets) and blended
-    into its channel's mosaic (uint16), written plane by plane; the profiles per channel. Returns each tile's raw statistics
-    per plane (for the EDF's quality gate) and the pixels saturated by the correction per channel."""
+    into its channel's mosaic (uint16), written plane by plane; the profiles per channel. Returns each
+    tile's raw statistics per plane (for the EDF's quality gate) and the pixels saturated by the correction
+    per channel."""
     xp = ctx.xp
     stitched_out, profiles_out = per_channel(spec, out["stitched"]), per_channel(spec, out["profiles"])
     index = {p: i for i, p in enumerate(planes)}
