@@ -78,9 +78,10 @@ def rl_plan(spec: CycleSpec, cfg: dict, tile: tuple[int, int], free_bytes: float
             "peak_bytes": plan["peak_bytes"], "padded_voxels": voxels}
 
 
-def run_cycle(size: dict, work: Path, iterations: int) -> dict:
-    """{stage: ledger figures} for one cycle of ``size`` under the stand-in, plus raw and output bytes."""
-    cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": {"iterations": iterations}})
+def run_cycle(size: dict, work: Path, decon: dict) -> dict:
+    """{stage: ledger figures} for one cycle of ``size`` under the stand-in, plus raw and output bytes;
+    ``decon``: the deconvolution settings (iterations, method)."""
+    cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": decon})
     spec = make_spec(size["rows"], size["cols"], size["tile"], size["channels"], size["z"])
     channels = spec.channels
     res = work / "results"
@@ -122,14 +123,18 @@ def lower_bound_s(fig: dict) -> float:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--iterations", type=int, default=25, help="Richardson-Lucy iterations (the default config)")
+    ap.add_argument("--iterations", type=int, default=None, help="Richardson-Lucy iterations (default: the config's)")
+    ap.add_argument("--method", default=None, help="deconvolution.method (default: the config's)")
     args = ap.parse_args(argv)
+    defaults = validate_config({"raw_dir": "/nonexistent"})["deconvolution"]
+    decon = {"iterations": defaults["iterations"] if args.iterations is None else args.iterations,
+             "method": defaults["method"] if args.method is None else args.method}
     sizes = {"base": BASE, **{k: {**BASE, **v} for k, v in VARIANTS.items()}}
     measured = {}
     with tempfile.TemporaryDirectory(prefix="plexgpu-budget-") as tmp:
         for name, size in sizes.items():
             (Path(tmp) / name).mkdir()
-            measured[name] = run_cycle(size, Path(tmp) / name, args.iterations)
+            measured[name] = run_cycle(size, Path(tmp) / name, decon)
     base_f = factors(BASE)
     rows, model, rl_model = [], {}, {}
     for st in ("stitch", "deconvolve", "edf"):
@@ -141,12 +146,12 @@ def main(argv=None) -> dict:
             full[fig] = b * math.prod((FULL[k] / base_f[k]) ** exps[fig][k] for k in VARIANTS)
         raw_full = measured["base"]["raw_bytes"] * math.prod(FULL[k] / base_f[k] for k in VARIANTS)
         if st == "deconvolve":        # planned (module docstring), not extrapolated
-            cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": {"iterations": args.iterations}})
+            cfg = validate_config({"raw_dir": "/nonexistent", "deconvolution": decon})
             full_plan = rl_plan(make_spec(9, 7, (1440, 1920), 4, 20), cfg, (1440, 1920), H200_FREE_BYTES)
             base_plan = measured["base"]["rl_plan"]
-            per_voxel = measured["base"][st]["bytes_touched"] / (base_plan["padded_voxels"] * args.iterations)
+            per_voxel = measured["base"][st]["bytes_touched"] / (base_plan["padded_voxels"] * decon["iterations"])
             full["peak_bytes"] = full_plan["peak_bytes"]
-            full["bytes_touched"] = per_voxel * full_plan["padded_voxels"] * args.iterations
+            full["bytes_touched"] = per_voxel * full_plan["padded_voxels"] * decon["iterations"]
             rl_model = {"base": base_plan, "full_h200": full_plan,
                                 "measured_peak_over_planned_base": measured["base"][st]["peak_bytes"]
                                 / base_plan["peak_bytes"], "touched_bytes_per_padded_voxel_iteration": per_voxel}
@@ -164,7 +169,8 @@ def main(argv=None) -> dict:
     total = sum(lower_bound_s(model[s]["full"]) for s in model)
     notes = (f"Lower bound per cycle (stitch + deconvolve + edf) on an H200: {total:.1f} s = bytes touched / 4.8 "
              "TB/s + 5 us per device call. Exponents per factor (tiles, z, channels, tile_px) for each figure in "
-             "the JSON's model; raw = 2 bytes per pixel of every tile, plane and channel.")
+             "the JSON's model; raw = 2 bytes per pixel of every tile, plane and channel. Deconvolution: "
+             f"{decon['method']} RL, {decon['iterations']} iterations.")
     write_result("gpu_budget", rows, notes)
     path = HERE / "results" / "gpu_budget.json"
     import json

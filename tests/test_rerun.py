@@ -25,8 +25,9 @@ from plexgpu.cluster.slurm import gres_gpus, parse_elapsed, sacct_jobs, squeue_j
 
 pytestmark = pytest.mark.slurm
 CYCLES = [f"cyc{c:03d}" for c in range(1, 5)]
-#: enough Richardson-Lucy iterations that a cycle's deconvolve lasts seconds: a scancel can land in it
-DECON = {"iterations": 30}
+#: enough Richardson-Lucy work that a cycle's deconvolve lasts seconds: a scancel can land in it (3-D RL;
+#: the default, each plane with the in-focus PSF, is over too soon)
+DECON = {"iterations": 30, "method": "volume"}
 
 
 @pytest.fixture(scope="module")

@@ -77,8 +77,25 @@ def default_half_size(o: Optics, n_planes: int) -> tuple[int, int]:
     """(half z planes, half xy px): the stack's depth, and the defocus cone it spreads into."""
     half_z = max(1, n_planes - 1)
     theta = math.asin(o.na / o.immersion_index)
-    reach_um = half_z * o.z_step_um * math.tan(theta) + 3 * 0.61 * (o.emission_nm / 1000.0) / o.na
+    reach_um = half_z * o.z_step_um * math.tan(theta) + _airy_reach_um(o)
     return half_z, int(min(MAX_HALF_XY, math.ceil(reach_um / o.pixel_size_um) + 2))
+
+
+def _airy_reach_um(o: Optics) -> float:
+    """Three Airy radii: where the in-focus PSF has spread nearly all its light."""
+    return 3 * 0.61 * (o.emission_nm / 1000.0) / o.na
+
+
+def in_focus(kernel: np.ndarray, o: Optics) -> np.ndarray:
+    """The PSF's sharpest plane (its highest peak: the best focus, also where a depth aberration or a
+    measured bead moves it) as a (1, y, x) kernel, cut to three Airy radii (+2 px) around its centre,
+    sum 1: the blur of each plane's in-focus light, what a lateral deconvolution undoes."""
+    kernel = np.asarray(kernel, np.float64)
+    plane = kernel[int(np.argmax(kernel.max(axis=(1, 2))))]
+    half = min(plane.shape[0] // 2, int(math.ceil(_airy_reach_um(o) / o.pixel_size_um)) + 2)
+    cy, cx = plane.shape[0] // 2, plane.shape[1] // 2
+    plane = plane[cy - half:cy + half + 1, cx - half:cx + half + 1]
+    return (plane / plane.sum()).astype(np.float32)[None]
 
 
 def psf(o: Optics, half_z: int, half_xy: int) -> np.ndarray:
