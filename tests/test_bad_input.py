@@ -609,3 +609,28 @@ def test_rerun_says_which_deleted_intermediates_it_will_not_remake():
     # edf are there, so their deleted stitch (and cyc002's deconvolve) are not remade
     states[-1] = StageState("all", "registration", "not started")
     assert fed_stages_done(states) == {("cyc001", "stitch"), ("cyc002", "stitch"), ("cyc002", "deconvolve")}
+
+
+@pytest.mark.skipif(not __import__("shutil").which("squeue"), reason="SLURM's commands not installed here")
+def test_status_when_slurm_cannot_be_asked_is_one_line(tmp_path, monkeypatch, capsys):
+    """The real squeue, pointed at a controller that is not there (as on a login node whose controller is
+    down): `plexgpu status` says so in one line, no traceback, nothing written."""
+    import yaml
+
+    raw = tmp_path / "raw"
+    _cycle(raw / "cyc001_reg001", z=5)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"raw_dir": str(raw), "results_dir": str(tmp_path / "results"),
+                                   "grid": {"rows": 2, "cols": 2, "overlap": 0.3},
+                                   "optics": {"pixel_size_um": 0.377, "z_step_um": 1.5}}))
+    conf = tmp_path / "slurm.conf"                     # nothing listens on this port
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=6999\n"
+                    "NodeName=localhost CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=localhost Default=YES\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    before = _listing(raw)
+    rc = main(["status", "--configfile", str(cfg), "--directory", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    line = err.strip()
+    assert line.startswith("plexgpu: error: squeue failed") and "controller" in line and "\n" not in line, err
+    assert _listing(raw) == before

@@ -467,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .cluster.assignment import AssignmentError
+    from .cluster.slurm import SlurmError
     from .config import ConfigError
     from .io.raw import RawDataError
     from .io.tiff import TiffReadError
@@ -482,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, RawDataError, TiffReadError, AssignmentError) as exc:
         return _fail(str(exc))
+    except SlurmError as exc:          # e.g. no controller: said in one line, nothing touched
+        return _fail(f"{exc} (is the SLURM controller up? `sinfo` asks it)")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def cancel(run: str, workdir: Path, timeout: float = 120) -> list[dict]:
     deadline = time.time() + timeout
     while workflow_jobs(run, workdir):
         if time.time() > deadline:
-            raise RuntimeError(f"jobs of this workflow still in squeue after {timeout:.0f} s")
+            raise slurm.SlurmError(f"jobs of this workflow still in squeue after {timeout:.0f} s")
         time.sleep(1)
     return jobs
 

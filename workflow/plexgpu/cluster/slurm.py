@@ -10,12 +10,28 @@ import subprocess
 from .. import paths
 
 
+class SlurmError(RuntimeError):
+    """A SLURM command this workflow needs failed (controller unreachable, refused): one line for the user."""
+
+
 def available() -> bool:
     return shutil.which("sbatch") is not None
 
 
 def _run(args: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+
+
+def _ask(args: list[str]) -> str:
+    """stdout of a SLURM command this workflow cannot go on without; SlurmError (one line) when it fails,
+    is missing or gets no answer in time."""
+    try:
+        res = _run(args)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"{args[0]} failed: {exc}") from None
+    if res.returncode != 0:
+        raise SlurmError(f"{args[0]} failed: {res.stderr.strip()}")
+    return res.stdout
 
 
 def user_accounts(user: str | None = None) -> set[str] | None:
@@ -143,10 +159,7 @@ def sacct_jobs(name: str | None = None, start: str | None = None, fields: list[s
         args += ["--name", name]
     if start:
         args += ["-S", start]
-    res = _run(args)
-    if res.returncode != 0:
-        raise RuntimeError(f"sacct failed: {res.stderr.strip()}")
-    return [dict(zip(fields, line.split("|"))) for line in res.stdout.splitlines() if line.strip()]
+    return [dict(zip(fields, line.split("|"))) for line in _ask(args).splitlines() if line.strip()]
 
 
 def parse_elapsed(text: str) -> float:
@@ -190,11 +203,9 @@ def sacct_by_ids(job_ids: list[str]) -> dict[str, dict]:
         return {}
     fields = ["JobID", "Account", "Partition", "NodeList", "AllocTRES", "Elapsed", "Timelimit", "State",
               "Start", "End", "MaxRSS"]
-    res = _run(["sacct", "-n", "-P", "-j", ",".join(ids), "-o", ",".join(fields)])
-    if res.returncode != 0:
-        raise RuntimeError(f"sacct failed: {res.stderr.strip()}")
+    stdout = _ask(["sacct", "-n", "-P", "-j", ",".join(ids), "-o", ",".join(fields)])
     out: dict[str, dict] = {}
-    for line in res.stdout.splitlines():
+    for line in stdout.splitlines():
         row = dict(zip(fields, line.split("|")))
         base, _, step = row["JobID"].partition(".")
         if not step:
@@ -242,14 +253,10 @@ def job_stages(comment: str) -> list[tuple[str, str]]:
 def squeue_jobs() -> list[dict]:
     """This user's queued and running jobs."""
     fields = ["JobID", "JobName", "Account", "State", "WorkDir", "Comment"]
-    res = _run(["squeue", "--me", "-h", "-o", "%i|%j|%a|%T|%Z|%k"])
-    if res.returncode != 0:
-        raise RuntimeError(f"squeue failed: {res.stderr.strip()}")
-    return [dict(zip(fields, line.split("|", 5))) for line in res.stdout.splitlines() if line.strip()]
+    stdout = _ask(["squeue", "--me", "-h", "-o", "%i|%j|%a|%T|%Z|%k"])
+    return [dict(zip(fields, line.split("|", 5))) for line in stdout.splitlines() if line.strip()]
 
 
 def scancel(job_ids: list[str]) -> None:
     if job_ids:
-        res = _run(["scancel", *job_ids])
-        if res.returncode != 0:
-            raise RuntimeError(f"scancel failed: {res.stderr.strip()}")
+        _ask(["scancel", *job_ids])
