@@ -15,6 +15,26 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent / "workflow"))
 
 
+POLLEN = HERE.parents[1] / "shared" / "realdata" / "pollen"
+
+
+def pollen():
+    """The real pollen stack of ../shared/realdata (sdeconv's: a 3-D specimen blurred by a 1-voxel Gaussian
+    PSF, plus noise): (truth, blurred noisy stack, the PSF's 9^3 around its peak, sum 1), float32; None when
+    the folder is not there."""
+    if not POLLEN.is_dir():
+        return None
+    import numpy as np
+
+    from plexgpu.io.tiff import read_tiff
+
+    truth, data, full = (read_tiff(POLLEN / f).astype(np.float32)
+                         for f in ("pollen_truth.tif", "pollen_blurred_noisy.tif", "pollen_psf.tif"))
+    c = np.unravel_index(int(np.argmax(full)), full.shape)
+    kernel = full[tuple(slice(i - 4, i + 5) for i in c)]
+    return truth, data, kernel / kernel.sum()
+
+
 @contextmanager
 def timer(out: dict, key: str):
     t0 = time.perf_counter()

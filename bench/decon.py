@@ -11,10 +11,9 @@ scikit-image runs on one.
 """
 
 import argparse
-from pathlib import Path
 
 import numpy as np
-from common import peak_rss_mb, timer, write_result
+from common import peak_rss_mb, pollen, timer, write_result
 from scipy.signal import fftconvolve
 from skimage.restoration import richardson_lucy
 
@@ -54,16 +53,9 @@ for label, half in (("shallow PSF", (3, 12)), ("pipeline PSF", psf.default_half_
     diff = float(np.abs(ours[inner] - ref[inner]).max() / np.abs(ref[inner]).max())
     notes.append(f"{label}: max difference ours vs skimage in the interior {diff:.1e} of the peak")
     del ours, ref, img
-REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "pollen"
-if REAL.is_dir():
-    from plexgpu.io.tiff import read_tiff
-
-    truth = read_tiff(REAL / "pollen_truth.tif").astype(np.float32)
-    img = read_tiff(REAL / "pollen_blurred_noisy.tif").astype(np.float32)
-    full = read_tiff(REAL / "pollen_psf.tif").astype(np.float32)
-    c = np.unravel_index(int(np.argmax(full)), full.shape)
-    kernel = full[tuple(slice(i - 4, i + 5) for i in c)]
-    kernel /= kernel.sum()
+real = pollen()
+if real is not None:
+    truth, img, kernel = real
     def nrmse(e):
         return float(np.sqrt(np.mean((e - truth) ** 2)) / np.sqrt(np.mean(truth ** 2)))
     t = {}

@@ -31,10 +31,9 @@ the pipeline's FFT workers for plexgpu).
 """
 
 import argparse
-from pathlib import Path
 
 import numpy as np
-from common import peak_rss_mb, timer, write_result
+from common import peak_rss_mb, pollen, timer, write_result
 from scipy import ndimage
 from skimage.restoration import richardson_lucy as skimage_rl
 
@@ -134,16 +133,9 @@ for thickness, na in cases:
                                       f"{t['ours'] / data.size / it * 1e9:.1f} ns per voxel-iteration",
                      "peer_accuracy": peer, "peak_rss_mb": peak_rss_mb()})
         print(rows[-1]["what"], "|", rows[-1]["ours_accuracy"], "|", peer, flush=True)
-REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "pollen"
-if REAL.is_dir():       # a real 3-D specimen with its truth (sdeconv's pollen, a Gaussian PSF of 1 voxel)
-    from plexgpu.io.tiff import read_tiff
-
-    truth = read_tiff(REAL / "pollen_truth.tif").astype(np.float32)
-    data = read_tiff(REAL / "pollen_blurred_noisy.tif").astype(np.float32)
-    full = read_tiff(REAL / "pollen_psf.tif").astype(np.float32)
-    c = np.unravel_index(int(np.argmax(full)), full.shape)
-    volume = full[tuple(slice(i - 4, i + 5) for i in c)]
-    volume /= volume.sum()
+real = pollen()
+if real is not None:    # a real 3-D specimen with its truth (sdeconv's pollen, a Gaussian PSF of 1 voxel)
+    truth, data, volume = real
     kernels = {"lateral": volume[4:5] / volume[4:5].sum(), "volume": volume}
     ref = truth.max(axis=0)                       # a volume's sharp projection
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -611,7 +612,7 @@ def test_rerun_says_which_deleted_intermediates_it_will_not_remake():
     assert fed_stages_done(states) == {("cyc001", "stitch"), ("cyc002", "stitch"), ("cyc002", "deconvolve")}
 
 
-@pytest.mark.skipif(not __import__("shutil").which("squeue"), reason="SLURM's commands not installed here")
+@pytest.mark.skipif(not shutil.which("squeue"), reason="SLURM's commands not installed here")
 def test_status_when_slurm_cannot_be_asked_is_one_line(tmp_path, monkeypatch, capsys):
     """The real squeue, pointed at a controller that is not there (as on a login node whose controller is
     down): `plexgpu status` says so in one line, no traceback, nothing written."""
