@@ -28,8 +28,9 @@ positions of the accepted pairs:
 Offset (``estimate_offset``): the low envelope of the tiles (a low quantile per pixel, the
 ``darkfield`` BaSiC subtracts before its fit) is the
 camera offset plus the light the dimmest tiles still carry, and that light is modulated by the
-flatfield. The offset is the affine (constant + gradient) part of the envelope's lower support
-after an F-shaped light floor is taken out (quantile regression). Where every tile carries
+flatfield. The offset is the envelope's lower support (quantile regression) after an F-shaped light
+floor is taken out, free per column (the sensor's column pattern) and told from the floor along the
+columns, then made affine (constant + gradient). Where every tile carries
 light at every pixel (a dense stain, no bare slide) the two cannot be told apart well; when
 that floor exceeds half the offset, the plane is flagged so the user can give the offset
 (``basic.darkfield: {channel: <counts>}``).
@@ -246,14 +247,19 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
                                                _seam(s, r, wt, flat))
 
 
-def _quantile_fit(A: np.ndarray, b: np.ndarray, tau: float, iterations: int = 60) -> np.ndarray:
-    """Linear quantile regression (the tau-th quantile of b given A) by iteratively reweighted LS."""
-    c = np.linalg.lstsq(A, b, rcond=None)[0]
+def _quantile_fit(A: np.ndarray, b: np.ndarray, tau: float, iterations: int = 60, tolerance: float = 1e-3) -> np.ndarray:
+    """Linear quantile regression (the tau-th quantile of b given A) by iteratively reweighted LS, until no
+    coefficient moves by ``tolerance`` (counts, or counts per unit of its regressor)."""
+    def weighted_ls(w):             # on the normal equations: few columns, many rows; lstsq's minimum-norm
+        Aw = A * w[:, None]          # answer (pinv(A'WA) A'Wb = pinv(W^1/2 A) W^1/2 b): a flat regressor is no error
+        return np.linalg.lstsq(Aw.T @ A, Aw.T @ b, rcond=None)[0]
+    c = weighted_ls(np.ones(len(b)))
     eps = 1e-3 * (float(np.abs(b - A @ c).mean()) + 1e-12)
     for _ in range(iterations):
         res = b - A @ c
-        w = np.sqrt(np.where(res >= 0, tau, 1 - tau) / np.maximum(np.abs(res), eps))
-        c = np.linalg.lstsq(A * w[:, None], b * w, rcond=None)[0]      # lstsq: a flat regressor is no error
+        c, before = weighted_ls(np.where(res >= 0, tau, 1 - tau) / np.maximum(np.abs(res), eps)), c
+        if np.abs(c - before).max() < tolerance:
+            break
     return c
 
 
@@ -265,19 +271,21 @@ class Offset:
 
 
 def estimate_offset(envelope: np.ndarray, flat: np.ndarray) -> Offset:
-    """Camera offset under the low envelope (``basic.estimate_darkfield``: what the dimmest tiles
-    show): envelope = offset (affine) + m * flatfield + rest, fitted as the SUPPORT_QUANTILE lower
-    support on GRID x GRID block means; m >= 0."""
-    L, F, yy, xx = _envelope_blocks(envelope, flat)
-    h, w = envelope.shape
-    A = np.stack([np.ones(L.size), yy, xx, F.ravel()], 1)
-    c = _quantile_fit(A, L.ravel(), SUPPORT_QUANTILE)
-    if c[3] < 0:                                   # light cannot be negative: no floor
-        c = np.append(_quantile_fit(A[:, :3], L.ravel(), SUPPORT_QUANTILE), 0.0)
-    Y, X = np.mgrid[0:h, 0:w] / np.array([max(h - 1, 1), max(w - 1, 1)])[:, None, None]
-    image = np.maximum(c[0] + c[1] * Y + c[2] * X, 0).astype(np.float32)
-    floor = float(c[3] * flat.mean())
+    """Camera offset under one plane's low envelope (``basic.estimate_darkfield``: what the dimmest tiles
+    show): the lower support of envelope = offset + m * flatfield + rest (``_joint_fit`` on this plane
+    alone); m >= 0."""
+    part = _envelope_blocks(envelope, flat)
+    off, light = _joint_fit([part], [0])
+    image = _offset_image(off, envelope.shape)
+    floor = float(light[0] * part[1].mean())
     return Offset(image, floor, floor > UNCERTAIN_FLOOR * float(image.mean()))
+
+
+def _offset_image(off, shape) -> np.ndarray:
+    """The affine offset (c0, cy, cx) on the working grid (y, x in [0, 1] from pixel 0 to the last)."""
+    h, w = shape
+    Y, X = np.mgrid[0:h, 0:w] / np.array([max(h - 1, 1), max(w - 1, 1)])[:, None, None]
+    return np.maximum(off[0] + off[1] * Y + off[2] * X, 0).astype(np.float32)
 
 
 def _envelope_blocks(envelope: np.ndarray, flat: np.ndarray):
@@ -323,28 +331,47 @@ BOOTSTRAP = 20                   # ... this many times (seeded: the same data gi
 
 
 def _joint_fit(parts, keep, blocks=None) -> tuple[np.ndarray, np.ndarray]:
-    """Shared affine offset (c0, cy, cx) and a light level m_z >= 0 per plane, the SUPPORT_QUANTILE lower
-    support of the planes ``keep`` together: envelope_z = offset + m_z flatfield_z. ``blocks``: the block
-    indices used (repeats allowed), default all."""
+    """Shared offset and a light level m_z >= 0 per plane, the SUPPORT_QUANTILE lower support of the planes
+    ``keep`` together: envelope_z(y, x) = o(x) + cy y + m_z flatfield_z(y, x), with a free o per column of
+    blocks. Returns the affine offset (c0, cy, cx): the line through the o's, and the m_z. ``blocks``: the
+    block indices used (repeats allowed), default all.
+
+    Free per column because the camera's fixed pattern is per column (an sCMOS sensor reads each column
+    through its own amplifier): what ``defects.column_offsets`` leaves of it (its slow part, below
+    COLUMN_SMOOTH, and what the specimen hid) is a profile across x, the same on every row, plane and
+    tile. An affine offset cannot follow it, and the lower support then leans on the flatfield instead:
+    the fit takes the residue for an F-shaped light floor and the offset comes out low by as much (450
+    counts with a +-2 % pattern, plex_bias's ramp on 3 seeds: a light floor of 2-11 counts that is not
+    there and the offset 6-14 counts low; per column 1.9-2.5 low, no floor). The light floor is then told
+    from the offset by how the flatfield varies along each column (the optics' dome is two-dimensional,
+    the pattern is not); the offset's gradient across x is the line through the columns' values."""
+    xx0 = parts[keep[0]][3]
+    columns = np.unique(xx0)
     rows, b = [], []
     for j, k in enumerate(keep):
         L, F, yy, xx = parts[k]
         sel = np.arange(L.size) if blocks is None else blocks
+        per_column = np.zeros((sel.size, columns.size))
+        per_column[np.arange(sel.size), np.searchsorted(columns, xx[sel])] = 1
         m = np.zeros((sel.size, len(keep)))
         m[:, j] = F.ravel()[sel]
-        rows.append(np.hstack([np.stack([np.ones(sel.size), yy[sel], xx[sel]], 1), m]))
+        rows.append(np.hstack([per_column, yy[sel][:, None], m]))
         b.append(L.ravel()[sel])
     A, b = np.vstack(rows), np.concatenate(b)
-    free = np.ones(A.shape[1], bool)
+    n_offset = columns.size + 1
+    present = np.concatenate([A[:, :columns.size].any(axis=0), [True] * (1 + len(keep))])
+    free = present.copy()
     for _ in range(len(keep) + 1):                 # light cannot be negative: such a plane's light term is 0
         c = np.zeros(A.shape[1])
         c[free] = _quantile_fit(A[:, free], b, SUPPORT_QUANTILE)
         negative = free & (c < 0)
-        negative[:3] = False
+        negative[:n_offset] = False
         if not negative.any():
             break
         free &= ~negative
-    return c[:3], c[3:]
+    seen = present[:columns.size]
+    cx, c0 = np.polyfit(columns[seen], c[:columns.size][seen], 1) if seen.sum() > 1 else (0.0, c[:columns.size][seen][0])
+    return np.array([c0, c[columns.size], cx]), c[n_offset:]
 
 
 def _super_blocks(n_blocks: int) -> list[np.ndarray]:
@@ -367,16 +394,15 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     (measured: a bare-slide field, offset 484 counts with a +-2 % column pattern, gave a light floor of
     9 counts that is not there and an offset 11 counts low); the planes share the camera, so only
     resampling the field shows it, and the offset is then flagged uncertain. (The column offsets are
-    now measured and taken out of the envelopes first, ``defects.column_offsets``; what of them is left,
-    and any other fixed pattern, is what this guards against.)"""
+    now measured and taken out of the envelopes first, ``defects.column_offsets``, and what of them is
+    left is fitted per column, ``_joint_fit``; any other fixed pattern is what this guards against.)"""
     parts = [_envelope_blocks(e, f) for e, f in zip(envelopes, flats)]
     n = len(parts)
-    h, w = envelopes[0].shape
-    Y, X = np.mgrid[0:h, 0:w] / np.array([max(h - 1, 1), max(w - 1, 1)])[:, None, None]
+    shape = envelopes[0].shape
     flat_means = np.array([p[1].mean() for p in parts])
 
     def offset_mean(o):
-        return float(np.maximum(o[0] + o[1] * Y + o[2] * X, 0).mean())
+        return float(_offset_image(o, shape).mean())
 
     rng = np.random.default_rng(0)
     regions = _super_blocks(parts[0][0].size)
@@ -385,7 +411,7 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
 
     off, light = _joint_fit(parts, list(range(n)))
     boot_offsets = [offset_mean(_joint_fit(parts, list(range(n)), blocks=d)[0]) for d in draws]
-    image = np.maximum(off[0] + off[1] * Y + off[2] * X, 0).astype(np.float32)
+    image = _offset_image(off, shape)
     se_field = float(np.std(boot_offsets))
     if n >= 3:
         leave_one_out = [offset_mean(_joint_fit(parts, [i for i in range(n) if i != k])[0])

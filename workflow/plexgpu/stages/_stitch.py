@@ -280,14 +280,17 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
         envelope = xpmod.to_host(fit.darkfield[i]).astype(np.float64) if params.darkfield else None
         return xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]), envelope
 
-    offsets = {}                                 # fitted: one offset per channel, from all its planes at once
     mine = {ch: [i for i, (c, _) in enumerate(planes) if c == ch] for ch in fitted}
     fitted_planes = [i for ch in fitted for i in mine[ch]]
     firsts = dict(zip(fitted_planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale),
                                                   fitted_planes)))
-    for ch in fitted:
-        offsets[ch] = off = shading.estimate_channel_offset(
+
+    def channel_offset(ch):                      # fitted: one offset per channel, from all its planes at once
+        return shading.estimate_channel_offset(
             [xpmod.to_host(fit.darkfield[i]).astype(np.float64) for i in mine[ch]], [firsts[i] for i in mine[ch]])
+
+    offsets = dict(zip(fitted, ctx.pool.map(channel_offset, fitted)))     # the channels side by side
+    for ch, off in offsets.items():
         log.info("CH%d: camera offset %.1f counts (standard error %.1f over %d planes and the field; each plane "
                  "alone %s), dimmest light floor %.0f counts", ch, float(off.image.mean()), off.uncertainty,
                  len(mine[ch]), " ".join(f"{v:.0f}" for v in off.per_plane), off.light_floor)
