@@ -300,7 +300,7 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
                         "frame", ch, float(off.image.mean()), off.uncertainty,
                         float(off.image.mean()) - 2 * off.uncertainty, float(off.image.mean()) + 2 * off.uncertainty,
                         off.light_floor, ch)
-    del firsts
+    firsts.clear()                               # the first flatfields served only the offsets
 
     def one(i):
         ch = planes[i][0]
