@@ -130,14 +130,16 @@ def test_the_sensor_column_pattern_is_not_taken_for_light():
     """The synthetic camera's own offset (affine + a +-2 % column pattern, 5.5 counts rms) as the envelope,
     no light at all. Fitted affine, the pattern followed the flatfield's dome and the fit took 11-16 counts
     of it for light (the offset that much low, then flagged uncertain); fitted free per column and told
-    from the light along the columns, the offset comes back within a count, with no light floor."""
+    from the light along the columns, the offset comes back within a count, with no light floor. (Where the
+    per-column fit is no more certain than the affine one, the affine one is kept: the real wsi_brain tiles,
+    test_realdata_stitch, 684 counts instead of 795 above the raw 1st percentile.)"""
     ds = SynthDataset(SynthSpec(**{**BASE, "dark_offset": 450.0}))
     truth = basic.downsample(ds.darkfield(1, 1)[None], 128)[0].astype(np.float64)
     off = shading.estimate_channel_offset(*_channel_inputs(ds, lambda z: truth))
     error = float(off.image.mean() - truth.mean())
     print(f"camera offset {truth.mean():.1f}: fitted {off.image.mean():.1f} +- {off.uncertainty:.1f}, "
           f"light floor {off.light_floor:.1f}, uncertain {off.uncertain}")
-    assert abs(error) <= 1.0 and off.light_floor <= 1.0 and not off.uncertain
+    assert abs(error) <= 1.0 and off.light_floor <= 1.0 and not off.uncertain and off.model == "per column"
 
 
 def test_the_offset_given_per_channel(tmp_path):

@@ -270,12 +270,12 @@ class Offset:
     uncertain: bool              # the light floor is large next to the offset: every tile carries light
 
 
-def estimate_offset(envelope: np.ndarray, flat: np.ndarray) -> Offset:
+def estimate_offset(envelope: np.ndarray, flat: np.ndarray, per_column: bool = True) -> Offset:
     """Camera offset under one plane's low envelope (``basic.estimate_darkfield``: what the dimmest tiles
     show): the lower support of envelope = offset + m * flatfield + rest (``_joint_fit`` on this plane
     alone); m >= 0."""
     part = _envelope_blocks(envelope, flat)
-    off, light = _joint_fit([part], [0])
+    off, light = _joint_fit([part], [0], per_column=per_column)
     image = _offset_image(off, envelope.shape)
     floor = float(light[0] * part[1].mean())
     return Offset(image, floor, floor > UNCERTAIN_FLOOR * float(image.mean()))
@@ -322,15 +322,18 @@ class ChannelOffset:
     uncertainty: float           # standard error of the offset's mean (counts): over the planes and over the field
     per_plane: tuple[float, ...]  # each plane's own estimate (estimate_offset): diagnostics only
     uncertain: bool              # uncertainty above UNCERTAIN_OF_FLOOR of the light floor (and MIN_UNCERTAINTY)
+    model: str = "per column"    # the lower support's model (OFFSET_MODELS): per column where clearly more certain
 
 
 UNCERTAIN_OF_FLOOR = 0.1         # the offset is uncertain when its standard error exceeds this fraction of the
 MIN_UNCERTAINTY = 2.0            # dimmest plane's light floor, and this many counts
 SUPER_BLOCKS = 4                 # the field resampled as SUPER_BLOCKS x SUPER_BLOCKS regions ...
 BOOTSTRAP = 20                   # ... this many times (seeded: the same data give the same answer)
+OFFSET_MODELS = ("per column", "affine")  # the offset's lower support (_joint_fit): free per sensor column, told
+                                          # from the light along the columns; or affine, which needs less evidence
 
 
-def _joint_fit(parts, keep, blocks=None) -> tuple[np.ndarray, np.ndarray]:
+def _joint_fit(parts, keep, blocks=None, per_column: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Shared offset and a light level m_z >= 0 per plane, the SUPPORT_QUANTILE lower support of the planes
     ``keep`` together: envelope_z(y, x) = o(x) + cy y + m_z flatfield_z(y, x), with a free o per column of
     blocks. Returns the affine offset (c0, cy, cx): the line through the o's, and the m_z. ``blocks``: the
@@ -344,22 +347,23 @@ def _joint_fit(parts, keep, blocks=None) -> tuple[np.ndarray, np.ndarray]:
     counts with a +-2 % pattern, plex_bias's ramp on 3 seeds: a light floor of 2-11 counts that is not
     there and the offset 6-14 counts low; per column 1.9-2.5 low, no floor). The light floor is then told
     from the offset by how the flatfield varies along each column (the optics' dome is two-dimensional,
-    the pattern is not); the offset's gradient across x is the line through the columns' values."""
-    xx0 = parts[keep[0]][3]
-    columns = np.unique(xx0)
+    the pattern is not); the offset's gradient across x is the line through the columns' values.
+    ``per_column`` false: one affine offset (c0 + cy y + cx x), the model that needs the least evidence."""
+    columns = np.unique(parts[keep[0]][3]) if per_column else np.zeros(1)
     rows, b = [], []
     for j, k in enumerate(keep):
         L, F, yy, xx = parts[k]
         sel = np.arange(L.size) if blocks is None else blocks
-        per_column = np.zeros((sel.size, columns.size))
-        per_column[np.arange(sel.size), np.searchsorted(columns, xx[sel])] = 1
+        intercept = np.zeros((sel.size, columns.size))
+        intercept[np.arange(sel.size), np.searchsorted(columns, xx[sel]) if per_column else 0] = 1
         m = np.zeros((sel.size, len(keep)))
         m[:, j] = F.ravel()[sel]
-        rows.append(np.hstack([per_column, yy[sel][:, None], m]))
+        slopes = yy[sel][:, None] if per_column else np.stack([yy[sel], xx[sel]], 1)
+        rows.append(np.hstack([intercept, slopes, m]))
         b.append(L.ravel()[sel])
     A, b = np.vstack(rows), np.concatenate(b)
-    n_offset = columns.size + 1
-    present = np.concatenate([A[:, :columns.size].any(axis=0), [True] * (1 + len(keep))])
+    n_offset = columns.size + (1 if per_column else 2)
+    present = np.concatenate([A[:, :columns.size].any(axis=0), [True] * (n_offset - columns.size + len(keep))])
     free = present.copy()
     for _ in range(len(keep) + 1):                 # light cannot be negative: such a plane's light term is 0
         c = np.zeros(A.shape[1])
@@ -369,6 +373,8 @@ def _joint_fit(parts, keep, blocks=None) -> tuple[np.ndarray, np.ndarray]:
         if not negative.any():
             break
         free &= ~negative
+    if not per_column:
+        return c[:3], c[3:]
     seen = present[:columns.size]
     cx, c0 = np.polyfit(columns[seen], c[:columns.size][seen], 1) if seen.sum() > 1 else (0.0, c[:columns.size][seen][0])
     return np.array([c0, c[columns.size], cx]), c[n_offset:]
@@ -409,20 +415,29 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     draws = [np.concatenate([regions[k] for k in rng.integers(len(regions), size=len(regions))])
              for _ in range(BOOTSTRAP)]
 
-    off, light = _joint_fit(parts, list(range(n)))
-    boot_offsets = [offset_mean(_joint_fit(parts, list(range(n)), blocks=d)[0]) for d in draws]
+    def resampled(per_column):
+        off, light = _joint_fit(parts, list(range(n)), per_column=per_column)
+        boot = [offset_mean(_joint_fit(parts, list(range(n)), d, per_column)[0]) for d in draws]
+        if n >= 3:
+            loo = np.array([offset_mean(_joint_fit(parts, [i for i in range(n) if i != k], None, per_column)[0])
+                            for k in range(n)])
+            se_planes = float(np.sqrt((n - 1) / n * np.sum((loo - loo.mean()) ** 2)))
+        else:
+            se_planes = float("inf")
+        return off, light, float(np.hypot(se_planes, np.std(boot))), float(np.std(boot))
+
+    fits = {model: resampled(model == "per column") for model in OFFSET_MODELS}
+    error = {m: f[2] if np.isfinite(f[2]) else f[3] for m, f in fits.items()}   # < 3 planes: the field's alone
+    # the simplest model unless the other's error is smaller by more than the error's own sampling error (a
+    # standard deviation from BOOTSTRAP draws is uncertain by 1 / sqrt(2 (BOOTSTRAP - 1)) of itself), as
+    # the flatfield's degree is chosen
+    model = "per column" if error["per column"] * (1 + 1 / np.sqrt(2 * (BOOTSTRAP - 1))) < error["affine"] else "affine"
+    off, light, se, _ = fits[model]
     image = _offset_image(off, shape)
-    se_field = float(np.std(boot_offsets))
-    if n >= 3:
-        leave_one_out = [offset_mean(_joint_fit(parts, [i for i in range(n) if i != k])[0])
-                         for k in range(n)]
-        se_planes = float(np.sqrt((n - 1) / n * np.sum((np.array(leave_one_out) - np.mean(leave_one_out)) ** 2)))
-    else:
-        se_planes = float("inf")
-    se = float(np.hypot(se_planes, se_field))
     floor = float(min(m * fm for m, fm in zip(light, flat_means)))
-    per_plane = tuple(float(estimate_offset(e, f).image.mean()) for e, f in zip(envelopes, flats))
-    return ChannelOffset(image, floor, se, per_plane, se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY))
+    per_plane = tuple(float(estimate_offset(e, f, model == "per column").image.mean())
+                      for e, f in zip(envelopes, flats))
+    return ChannelOffset(image, floor, se, per_plane, se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY), model)
 
 
 @dataclass(frozen=True)

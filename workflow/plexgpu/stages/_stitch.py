@@ -291,9 +291,9 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
 
     offsets = dict(zip(fitted, ctx.pool.map(channel_offset, fitted)))     # the channels side by side
     for ch, off in offsets.items():
-        log.info("CH%d: camera offset %.1f counts (standard error %.1f over %d planes and the field; each plane "
-                 "alone %s), dimmest light floor %.0f counts", ch, float(off.image.mean()), off.uncertainty,
-                 len(mine[ch]), " ".join(f"{v:.0f}" for v in off.per_plane), off.light_floor)
+        log.info("CH%d: camera offset %.1f counts (%s; standard error %.1f over %d planes and the field; each "
+                 "plane alone %s), dimmest light floor %.0f counts", ch, float(off.image.mean()), off.model,
+                 off.uncertainty, len(mine[ch]), " ".join(f"{v:.0f}" for v in off.per_plane), off.light_floor)
         if off.uncertain:
             log.warning("CH%d: the camera offset is uncertain: %.1f +- %.1f counts (about %.0f-%.0f) against a "
                         "dimmest light floor of %.0f counts; give it as basic.darkfield: {%d: <counts>} or a dark "
@@ -310,7 +310,8 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
 
     shades = list(ctx.pool.map(one, range(len(planes))))
     record = {str(ch): {"counts": float(o.image.mean()), "standard_error": o.uncertainty,
-                        "per_plane": list(o.per_plane), "light_floor": o.light_floor, "uncertain": o.uncertain}
+                        "per_plane": list(o.per_plane), "light_floor": o.light_floor, "uncertain": o.uncertain,
+                        "model": o.model}
               for ch, o in offsets.items()}
     for (ch, z), sh in zip(planes, shades):
         r = sh.refinement
