@@ -20,7 +20,8 @@ class PlanesRecord:
     #: per tile (tile order) its footprint in the mosaic: [y, x, height, width]
     footprints: list[list[int]] = field(default_factory=list)
     #: {channel: its one camera offset for all planes: counts, standard_error, per_plane (each plane's own
-    #: estimate, diagnostics), light_floor, uncertain, model (shading.OFFSET_MODELS)} where the offset is fitted
+    #: estimate, diagnostics), light_floor, uncertain, model ("per column" or "affine":
+    #: shading.ChannelOffset.model)} where the offset is fitted
     offsets: dict[str, dict] = field(default_factory=dict)
     #: the sensor's defective pixels found and repaired, by kind (image.defects; listed in basic/<cycle>/defects.csv)
     defective_pixels: dict[str, int] = field(default_factory=dict)

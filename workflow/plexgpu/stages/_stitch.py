@@ -276,20 +276,14 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
     given = {ch: basic.known_offset(basic_cfg["darkfield"], tile_shape, ws, ch) for ch in spec.channels}
     fitted = [ch for ch in spec.channels if params.darkfield and given[ch] is None]
 
+    def envelope(i):
+        return xpmod.to_host(fit.darkfield[i]).astype(np.float64) if params.darkfield else None
+
     def inputs(i):
-        envelope = xpmod.to_host(fit.darkfield[i]).astype(np.float64) if params.darkfield else None
-        return xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]), envelope
+        return xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]), envelope(i)
 
     mine = {ch: [i for i, (c, _) in enumerate(planes) if c == ch] for ch in fitted}
-    fitted_planes = [i for ch in fitted for i in mine[ch]]
-    firsts = dict(zip(fitted_planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale),
-                                                  fitted_planes)))
-
-    def channel_offset(ch):                      # fitted: one offset per channel, from all its planes at once
-        return shading.estimate_channel_offset(
-            [xpmod.to_host(fit.darkfield[i]).astype(np.float64) for i in mine[ch]], [firsts[i] for i in mine[ch]])
-
-    offsets = dict(zip(fitted, ctx.pool.map(channel_offset, fitted)))     # the channels side by side
+    offsets = _channel_offsets(ctx, mine, inputs, envelope, pairs, scale)
     for ch, off in offsets.items():
         log.info("CH%d: camera offset %.1f counts (%s; standard error %.1f over %d planes and the field; each "
                  "plane alone %s), dimmest light floor %.0f counts", ch, float(off.image.mean()), off.model,
@@ -300,7 +294,6 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
                         "frame", ch, float(off.image.mean()), off.uncertainty,
                         float(off.image.mean()) - 2 * off.uncertainty, float(off.image.mean()) + 2 * off.uncertainty,
                         off.light_floor, ch)
-    firsts.clear()                               # the first flatfields served only the offsets
 
     def one(i):
         ch = planes[i][0]
@@ -322,6 +315,16 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
                      "%.1f%% -> %.1f%%; offset %s, mean %.1f", ch, z, r.samples, r.degree, r.additive,
                      100 * r.seam_before, 100 * r.seam_after, sh.offset, float(sh.darkfield.mean()))
     return shades, record
+
+
+def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale) -> dict:
+    """One camera offset per channel, from all its planes at once (``mine``: {channel: plane indices};
+    ``inputs(i)``: a plane's host tiles, BaSiC flatfield and envelope; ``envelope(i)``: the envelope alone):
+    each plane's first flatfield (its envelope subtracted), then the channels side by side."""
+    planes = [i for ch in mine for i in mine[ch]]
+    firsts = dict(zip(planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale), planes)))
+    return dict(zip(mine, ctx.pool.map(lambda ch: shading.estimate_channel_offset(
+        [envelope(i) for i in mine[ch]], [firsts[i] for i in mine[ch]]), mine)))
 
 
 def _shading_record(sh) -> dict:
