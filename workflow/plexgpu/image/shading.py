@@ -247,11 +247,15 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
                                                _seam(s, r, wt, flat))
 
 
-def _quantile_fit(A: np.ndarray, b: np.ndarray, tau: float, iterations: int = 60, tolerance: float = 1e-3,
+def _quantile_fit(A: np.ndarray, b: np.ndarray, tau: float, iterations: int = 60, tolerance: float = 1e-2,
                   start: np.ndarray | None = None) -> np.ndarray:
     """Linear quantile regression (the tau-th quantile of b given A) by iteratively reweighted LS, until no
     coefficient moves by ``tolerance`` (counts, or counts per unit of its regressor). ``start``: where the
-    iterations begin (a fit of nearly the same data: a resample), default the least-squares fit."""
+    iterations begin (a fit of nearly the same data: a resample), default the least-squares fit.
+
+    0.01 count: on 20 captured channel fits the offsets moved by at most 0.19 counts (typically < 0.03)
+    against 0.001, every model choice and flag the same, in 45 % less time (the offset is fitted ~50 times a
+    channel to resample it, on the host while the job holds its GPU)."""
     def weighted_ls(w):             # on the normal equations: few columns, many rows; lstsq's minimum-norm
         Aw = A * w[:, None]          # answer (pinv(A'WA) A'Wb = pinv(W^1/2 A) W^1/2 b): a flat regressor is no error
         return np.linalg.lstsq(Aw.T @ A, Aw.T @ b, rcond=None)[0]
