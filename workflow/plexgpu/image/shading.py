@@ -54,7 +54,6 @@ ROBUST_C = 3.0                   # Cauchy weight scale, in robust stds of the re
 ENVELOPE_SIGMA = 6.0             # the low envelope smoothed further (working-size px): offsets are smooth, nuclei not
 SUPPORT_QUANTILE = 0.05          # the offset model lies under this fraction of the envelope
 GRID = 32                        # the envelope is fitted on GRID x GRID block means
-                                 # (synthetic sweep: floor/offset < 0.5 -> offset within 10 %; 0.65-15 -> 4-160 %)
 
 
 def _basis(y, x, degree: int) -> np.ndarray:
@@ -325,12 +324,13 @@ class ChannelOffset:
 UNCERTAIN_OF_FLOOR = 0.1         # the offset is uncertain when its standard error exceeds this fraction of the
 MIN_UNCERTAINTY = 2.0            # dimmest plane's light floor, and this many counts
 UNCERTAIN_FLOOR = 0.5            # with fewer than 3 planes (not resampled over planes): also uncertain when the
-                                 # light floor exceeds this fraction of the offset
+                                 # light floor exceeds this fraction of the offset (one plane, synthetic sweep:
+                                 # floor/offset < 0.5 -> offset within 10 %; 0.65-15 -> 4-160 %)
 SUPER_BLOCKS = 4                 # the field resampled as SUPER_BLOCKS x SUPER_BLOCKS regions ...
 BOOTSTRAP = 20                   # ... this many times (seeded: the same data give the same answer)
 JACKKNIFE_GROUPS = 5             # the planes left out in turn one at a time, or in this many interleaved groups
                                  # (every 5th plane: each group spans the stack) where there are more planes
-                                 # (delete-a-group jackknife: 20 planes cost 10 fits, not 40; 8.3 -> 5 s a channel)
+                                 # (delete-a-group jackknife: 20 planes cost 10 fits, not 40; 11.1 -> 7.7 s a channel)
 
 
 class _Support(NamedTuple):
