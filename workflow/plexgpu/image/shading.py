@@ -34,6 +34,13 @@ columns, then made affine (constant + gradient). Where every tile carries
 light at every pixel (a dense stain, no bare slide) the two cannot be told apart well; when the
 offset's standard error (resampled over planes and field) exceeds a tenth of that floor, it is
 flagged so the user can give the offset (``basic.darkfield: {channel: <counts>}``).
+
+Offset from the overlaps (``overlap_offset``): the two readings of one point of the specimen are
+a = F(p_a) S + D(p_a) and b = F(p_b) S + D(p_b), so a - D(p_a) = rho (b - D(p_b)) with rho = F(p_a) / F(p_b)
+whatever the point's brightness S. Over the points of an overlap, bright and dim, that holds for one
+offset only: a wrong one makes the log ratio depend on S. This needs no dim tile at all (a dense stain is
+where it is most informative: every point carries light); with three planes or more it is taken where its
+spread over the planes makes it clearly more certain than the envelope's support.
 """
 
 from __future__ import annotations
@@ -314,11 +321,12 @@ class ChannelOffset:
                                  # fewer than 3 planes: or the floor above UNCERTAIN_FLOOR of the offset
     per_column: bool = True      # the lower support fitted free per sensor column (else affine): where clearly
                                  # more certain (_per_column_clearly_more_certain)
+    from_overlaps: bool = False  # from the tile overlaps (overlap_offset), not the envelope: clearly more certain
 
     @property
     def model(self) -> str:
-        """The lower support's model by name (job log, planes.json)."""
-        return "per column" if self.per_column else "affine"
+        """The estimate's model by name (job log, planes.json)."""
+        return "overlaps" if self.from_overlaps else "per column" if self.per_column else "affine"
 
 
 UNCERTAIN_OF_FLOOR = 0.1         # the offset is uncertain when its standard error exceeds this fraction of the
@@ -397,7 +405,8 @@ def _super_blocks(n_blocks: int) -> list[np.ndarray]:
     return [np.flatnonzero(region == k) for k in range(SUPER_BLOCKS ** 2)]
 
 
-def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]) -> ChannelOffset:
+def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray],
+                            from_overlaps: list[np.ndarray | None] | None = None) -> ChannelOffset:
     """The camera offset of one channel from the low envelopes and (first) flatfields of all its
     planes: per plane the envelope is the offset plus that plane's light floor times its flatfield;
     the offset is shared, so every plane's light pins it down together (the flatfield moves between
@@ -410,7 +419,11 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     9 counts that is not there and an offset 11 counts low); the planes share the camera, so only
     resampling the field shows it, and the offset is then flagged uncertain. (The column offsets are
     now measured and taken out of the envelopes first, ``defects.column_offsets``, and what of them is
-    left is fitted per column, ``_joint_fit``; any other fixed pattern is what this guards against.)"""
+    left is fitted per column, ``_joint_fit``; any other fixed pattern is what this guards against.)
+
+    ``from_overlaps``: each plane's offset from its tile overlaps (``overlap_offset``; None where it had too few
+    samples): with 3 planes or more their mean is taken where it is clearly more certain (``_from_overlaps``,
+    ``_clearly_more_certain``) -- a dense stain, where no tile is dim anywhere."""
     parts = [_envelope_blocks(e, f) for e, f in zip(envelopes, flats)]
     n = len(parts)
     shape = envelopes[0].shape
@@ -445,7 +458,25 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     image = _offset_image(off, shape)
     uncertain = se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY) or (
         n < 3 and floor > UNCERTAIN_FLOOR * float(image.mean()))   # the field alone does not see a dense stain
-    return ChannelOffset(image, floor, se, per_plane, uncertain, per_column)
+    envelope_fit = ChannelOffset(image, floor, se, per_plane, uncertain, per_column)
+    overlaps = _from_overlaps(envelopes, from_overlaps or [])
+    return overlaps if overlaps is not None and _clearly_more_certain(overlaps.uncertainty, len(envelopes),
+                                                                      envelope_fit.uncertainty) else envelope_fit
+
+
+def _from_overlaps(envelopes: list[np.ndarray], per_plane: list[np.ndarray | None]) -> ChannelOffset | None:
+    """The channel's offset from its planes' overlaps (``overlap_offset`` per plane): the mean of the planes'
+    affine offsets, its standard error their spread over the planes (as the jackknife gives it for a mean);
+    None with fewer than 3 planes measured (no spread to judge it by)."""
+    if len(per_plane) != len(envelopes) or any(g is None for g in per_plane) or len(per_plane) < 3:
+        return None
+    shape = envelopes[0].shape
+    means = np.array([float(_offset_image(g, shape).mean()) for g in per_plane])
+    image = _offset_image(np.mean(per_plane, axis=0), shape)
+    se = float(np.std(means, ddof=1) / np.sqrt(len(means)))
+    floor = max(0.0, min(float(np.mean(e - image)) for e in envelopes))
+    return ChannelOffset(image, floor, se, tuple(means), se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY),
+                         per_column=False, from_overlaps=True)
 
 
 class _Resampled(NamedTuple):
@@ -462,7 +493,76 @@ def _per_column_clearly_more_certain(per_column: _Resampled, affine: _Resampled)
     1 / sqrt(2 (BOOTSTRAP - 1)) of itself), as the flatfield's degree is chosen. Found on the real
     wsi_brain tiles (one plane): per column 795 counts, above the raw 1st percentile 771, with an error
     (55.7) no smaller than the affine fit's (60.3, 684 counts)."""
-    return per_column.error * (1 + 1 / np.sqrt(2 * (BOOTSTRAP - 1))) < affine.error
+    return _clearly_more_certain(per_column.error, BOOTSTRAP, affine.error)
+
+
+def _clearly_more_certain(error: float, draws: int, other: float) -> bool:
+    """``error`` (a standard deviation from ``draws`` values) smaller than ``other`` by more than its own
+    sampling error (1 / sqrt(2 (draws - 1)) of itself)."""
+    return error * (1 + 1 / np.sqrt(2 * (draws - 1))) < other
+
+
+OVERLAP_ITERATIONS = 100        # alternations of the flatfield's ratio and the offset (10-70 on the sweeps)
+OVERLAP_TOLERANCE = 0.05        # counts: the alternation stops when no offset coefficient moves by more
+
+
+def overlap_offset(tiles: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.ndarray | None:
+    """A plane's affine camera offset (c0, cy, cx, as ``_offset_image``) from its tile overlaps (see the module
+    doc), or None with too few overlap samples. ``tiles``: (N, ws, ws) working-size tiles (host), offset
+    not subtracted; ``envelope``: their low envelope (the offset lies under it: where to start).
+
+    Alternates two weighted least-squares fits: the log ratio of the two readings, each less the offset,
+    on the flatfield's model (2-D Legendre polynomials of total degree max(DEGREES), as the flatfield is
+    refined) plus one constant per pair (the two exposures of an overlap differ: lamp, bleaching); then the
+    offset from a - rho b = D(p_a) - rho D(p_b) in counts, weighted by the inverse Poisson variance of the
+    left side (a + rho^2 b). Both fits robust (Cauchy weights)."""
+    shape = tiles.shape[1:]
+    s = overlap_samples(tiles, np.zeros(shape), pairs, scale)
+    if s.shape[1] < MIN_SAMPLES:
+        return None
+    ya, xa, yb, xb, ca, cb, pair = s
+
+    def norm(v, n):
+        return 2 * v / (n - 1) - 1
+    pairs_of = (pair.astype(int)[:, None] == np.unique(pair.astype(int))[None, :]).astype(np.float64)
+    A = np.hstack([(_basis(norm(ya, shape[0]), norm(xa, shape[1]), max(DEGREES))
+                    - _basis(norm(yb, shape[0]), norm(xb, shape[1]), max(DEGREES)))[:, 1:], pairs_of])
+    ua = np.stack([np.ones_like(ya), ya / (shape[0] - 1), xa / (shape[1] - 1)], 1)
+    ub = np.stack([np.ones_like(yb), yb / (shape[0] - 1), xb / (shape[1] - 1)], 1)
+    g = np.array([float(np.percentile(envelope, 1)) / 2, 0.0, 0.0])
+    c = step = None
+    for _ in range(OVERLAP_ITERATIONS):
+        a, b = ca - ua @ g, cb - ub @ g
+        ok = (a > 1) & (b > 1)                    # a reading at or under the offset has no log
+        if ok.sum() < MIN_SAMPLES:                # the offset under nearly every reading: nothing to tell it by
+            return None
+        a, b = np.where(ok, a, 1.0), np.where(ok, b, 1.0)
+        r = np.log(a) - np.log(b)
+        w = np.where(ok, a * b / (a + b), 0.0)
+        if c is None:                             # outliers (misregistered or moving objects): robust weights,
+            wt = _robust_weights(A, r, w / w.mean())
+        else:                                     # then from the last flatfield fit's residual
+            res = r - A @ c
+            wt = w / (1 + (res / (ROBUST_C * 1.4826 * float(np.median(np.abs(res[ok]))) + 1e-12)) ** 2)
+        G = (A * wt[:, None]).T @ A
+        c = np.linalg.lstsq(G, (A * wt[:, None]).T @ r, rcond=None)[0]   # a pair with no valid sample: its term 0
+        rho = np.exp(A @ c)
+        y, X = ca - rho * cb, ua - rho[:, None] * ub
+        v = 1.0 / (ca + rho ** 2 * cb)
+        vw = v
+        for _ in range(4):
+            new = np.linalg.solve((X * vw[:, None]).T @ X, (X * vw[:, None]).T @ y)
+            res = (y - X @ new) * np.sqrt(v)
+            vw = v / (1 + (res / (ROBUST_C * 1.4826 * float(np.median(np.abs(res))) + 1e-12)) ** 2)
+        before, step = step, new - g
+        if before is not None:                    # the alternation converges geometrically: its limit (Aitken)
+            ratio = float(step @ before) / float(before @ before + 1e-12)
+            if 0 < ratio < 1:
+                new = new + ratio / (1 - ratio) * step
+        g = new
+        if np.abs(step).max() < OVERLAP_TOLERANCE:
+            break
+    return g
 
 
 @dataclass(frozen=True)

@@ -320,11 +320,16 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
 def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale) -> dict:
     """One camera offset per channel, from all its planes at once (``mine``: {channel: plane indices};
     ``inputs(i)``: a plane's host tiles, BaSiC flatfield and envelope; ``envelope(i)``: the envelope alone):
-    each plane's first flatfield (its envelope subtracted), then the channels side by side."""
+    each plane's first flatfield (its envelope subtracted) and its offset from the overlaps, then the channels
+    side by side."""
     planes = [i for ch in mine for i in mine[ch]]
-    firsts = dict(zip(planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale), planes)))
+
+    def first(i):        # the plane's first flatfield and its offset from the overlaps, from one host copy
+        tiles, flat, env = inputs(i)
+        return shading.first_flatfield(tiles, flat, env, pairs, scale), shading.overlap_offset(tiles, env, pairs, scale)
+    firsts = dict(zip(planes, ctx.pool.map(first, planes)))
     return dict(zip(mine, ctx.pool.map(lambda ch: shading.estimate_channel_offset(
-        [envelope(i) for i in mine[ch]], [firsts[i] for i in mine[ch]]), mine)))
+        [envelope(i) for i in mine[ch]], [firsts[i][0] for i in mine[ch]], [firsts[i][1] for i in mine[ch]]), mine)))
 
 
 def _shading_record(sh) -> dict:
