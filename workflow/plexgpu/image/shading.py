@@ -39,8 +39,9 @@ Offset from the overlaps (``overlap_offset``): the two readings of one point of 
 a = F(p_a) S + D(p_a) and b = F(p_b) S + D(p_b), so a - D(p_a) = rho (b - D(p_b)) with rho = F(p_a) / F(p_b)
 whatever the point's brightness S. Over the points of an overlap, bright and dim, that holds for one
 offset only: a wrong one makes the log ratio depend on S. This needs no dim tile at all (a dense stain is
-where it is most informative: every point carries light); with three planes or more it is taken where its
-spread over the planes makes it clearly more certain than the envelope's support.
+where it is most informative: every point carries light); where the envelope's offset is not certain and there
+are three planes or more, it is taken where its spread over the planes makes it clearly more certain
+(``with_overlaps``).
 """
 
 from __future__ import annotations
@@ -405,8 +406,7 @@ def _super_blocks(n_blocks: int) -> list[np.ndarray]:
     return [np.flatnonzero(region == k) for k in range(SUPER_BLOCKS ** 2)]
 
 
-def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray],
-                            from_overlaps: list[np.ndarray | None] | None = None) -> ChannelOffset:
+def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]) -> ChannelOffset:
     """The camera offset of one channel from the low envelopes and (first) flatfields of all its
     planes: per plane the envelope is the offset plus that plane's light floor times its flatfield;
     the offset is shared, so every plane's light pins it down together (the flatfield moves between
@@ -421,9 +421,7 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     now measured and taken out of the envelopes first, ``defects.column_offsets``, and what of them is
     left is fitted per column, ``_joint_fit``; any other fixed pattern is what this guards against.)
 
-    ``from_overlaps``: each plane's offset from its tile overlaps (``overlap_offset``; None where it had too few
-    samples): with 3 planes or more their mean is taken where it is clearly more certain (``_from_overlaps``,
-    ``_clearly_more_certain``) -- a dense stain, where no tile is dim anywhere."""
+    Where this is not certain (a dense stain, no tile dim anywhere), ``with_overlaps`` may do better."""
     parts = [_envelope_blocks(e, f) for e, f in zip(envelopes, flats)]
     n = len(parts)
     shape = envelopes[0].shape
@@ -458,22 +456,39 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     image = _offset_image(off, shape)
     uncertain = se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY) or (
         n < 3 and floor > UNCERTAIN_FLOOR * float(image.mean()))   # the field alone does not see a dense stain
-    envelope_fit = ChannelOffset(image, floor, se, per_plane, uncertain, per_column)
-    overlaps = _from_overlaps(envelopes, from_overlaps or [])
-    return overlaps if overlaps is not None and _clearly_more_certain(overlaps.uncertainty, len(envelopes),
-                                                                      envelope_fit.uncertainty) else envelope_fit
+    return ChannelOffset(image, floor, se, per_plane, uncertain, per_column)
+
+
+def overlaps_may_help(offset: ChannelOffset, planes: int) -> bool:
+    """Whether a channel's offset from the envelope is worth asking the overlaps about: it is not within
+    MIN_UNCERTAINTY (below which an offset counts as certain anyway), and there are 3 planes or more to judge
+    the overlaps' answer by (``with_overlaps``)."""
+    return offset.uncertainty > MIN_UNCERTAINTY and planes >= 3
+
+
+def with_overlaps(offset: ChannelOffset, envelopes: list[np.ndarray],
+                  per_plane: list[np.ndarray | None]) -> ChannelOffset:
+    """The channel's offset from its planes' overlaps (``overlap_offset`` each) where that is clearly more
+    certain than ``offset`` (the envelope's, ``estimate_channel_offset``; the rule the per-column / affine
+    choice uses, the overlaps' error being a spread over the planes); else ``offset``."""
+    overlaps = _from_overlaps(envelopes, per_plane)
+    if overlaps is not None and _clearly_more_certain(overlaps.uncertainty, len(envelopes), offset.uncertainty):
+        return overlaps
+    return offset
 
 
 def _from_overlaps(envelopes: list[np.ndarray], per_plane: list[np.ndarray | None]) -> ChannelOffset | None:
-    """The channel's offset from its planes' overlaps (``overlap_offset`` per plane): the mean of the planes'
-    affine offsets, its standard error their spread over the planes (as the jackknife gives it for a mean);
-    None with fewer than 3 planes measured (no spread to judge it by)."""
+    """The channel's offset from its planes' overlaps (``overlap_offset`` per plane: two ends each): the mean
+    of the planes' affine offsets (each the middle of its two ends), its standard error their spread over
+    the planes (as the jackknife gives it for a mean) and half the ends' mean distance apart (what the
+    overlaps left undecided); None with fewer than 3 planes measured (no spread to judge it by)."""
     if len(per_plane) != len(envelopes) or any(g is None for g in per_plane) or len(per_plane) < 3:
         return None
     shape = envelopes[0].shape
-    means = np.array([float(_offset_image(g, shape).mean()) for g in per_plane])
-    image = _offset_image(np.mean(per_plane, axis=0), shape)
-    se = float(np.std(means, ddof=1) / np.sqrt(len(means)))
+    ends = np.array([[float(_offset_image(g, shape).mean()) for g in plane] for plane in per_plane])
+    means = ends.mean(axis=1)
+    image = _offset_image(np.mean([plane.mean(axis=0) for plane in per_plane], axis=0), shape)
+    se = float(np.hypot(np.std(means, ddof=1) / np.sqrt(len(means)), np.abs(ends[:, 1] - ends[:, 0]).mean() / 2))
     floor = max(0.0, min(float(np.mean(e - image)) for e in envelopes))
     return ChannelOffset(image, floor, se, tuple(means), se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY),
                          per_column=False, from_overlaps=True)
@@ -508,8 +523,12 @@ OVERLAP_TOLERANCE = 0.05        # counts: the alternation stops when no offset c
 
 def overlap_offset(tiles: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.ndarray | None:
     """A plane's affine camera offset (c0, cy, cx, as ``_offset_image``) from its tile overlaps (see the module
-    doc), or None with too few overlap samples. ``tiles``: (N, ws, ws) working-size tiles (host), offset
-    not subtracted; ``envelope``: their low envelope (the offset lies under it: where to start).
+    doc), fitted from below and from above: (2, 3), the two ends; None with too few overlap samples.
+    ``tiles``: (N, ws, ws) working-size tiles (host), offset not subtracted; ``envelope``: their low envelope
+    (offset plus the dimmest light: the offset lies under its 1st percentile, the start from above; half
+    of it the start from below). Where the overlaps pin the offset both ends land on it; where they do not
+    (a specimen without contrast: each point's brightness nearly the same), the alternation stalls near
+    where it began and the ends stay apart, which the channel's standard error then shows (_from_overlaps).
 
     Alternates two weighted least-squares fits: the log ratio of the two readings, each less the offset,
     on the flatfield's model (2-D Legendre polynomials of total degree max(DEGREES), as the flatfield is
@@ -529,13 +548,23 @@ def overlap_offset(tiles: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.
                     - _basis(norm(yb, shape[0]), norm(xb, shape[1]), max(DEGREES)))[:, 1:], pairs_of])
     ua = np.stack([np.ones_like(ya), ya / (shape[0] - 1), xa / (shape[1] - 1)], 1)
     ub = np.stack([np.ones_like(yb), yb / (shape[0] - 1), xb / (shape[1] - 1)], 1)
-    g = np.array([float(np.percentile(envelope, 1)) / 2, 0.0, 0.0])
-    c = step = None
+    top = float(np.percentile(envelope, 1))
+    ends = [_alternate(A, ua, ub, ca, cb, np.array([start, 0.0, 0.0])) for start in (top / 2, top)]
+    return None if any(e is None for e in ends) else np.stack(ends)
+
+
+def _alternate(A, ua, ub, ca, cb, g: np.ndarray) -> np.ndarray | None:
+    """overlap_offset's alternation from the offset ``g``; None where the offset leaves fewer than MIN_SAMPLES
+    readings above it."""
+    c = step = plain = None
     for _ in range(OVERLAP_ITERATIONS):
         a, b = ca - ua @ g, cb - ub @ g
         ok = (a > 1) & (b > 1)                    # a reading at or under the offset has no log
-        if ok.sum() < MIN_SAMPLES:                # the offset under nearly every reading: nothing to tell it by
-            return None
+        if ok.sum() < MIN_SAMPLES:
+            if plain is None:                     # nothing to tell it by
+                return None
+            g, plain, step = plain, None, None    # an extrapolation overshot: back to the plain step
+            continue
         a, b = np.where(ok, a, 1.0), np.where(ok, b, 1.0)
         r = np.log(a) - np.log(b)
         w = np.where(ok, a * b / (a + b), 0.0)
@@ -554,11 +583,13 @@ def overlap_offset(tiles: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.
             new = np.linalg.solve((X * vw[:, None]).T @ X, (X * vw[:, None]).T @ y)
             res = (y - X @ new) * np.sqrt(v)
             vw = v / (1 + (res / (ROBUST_C * 1.4826 * float(np.median(np.abs(res))) + 1e-12)) ** 2)
-        before, step = step, new - g
+        before, step, plain = step, new - g, None
         if before is not None:                    # the alternation converges geometrically: its limit (Aitken)
             ratio = float(step @ before) / float(before @ before + 1e-12)
             if 0 < ratio < 1:
-                new = new + ratio / (1 - ratio) * step
+                plain, new = new, new + ratio / (1 - ratio) * step
+        if not np.all(np.isfinite(new)):         # the flatfield's ratio diverged: no answer from here
+            return None
         g = new
         if np.abs(step).max() < OVERLAP_TOLERANCE:
             break

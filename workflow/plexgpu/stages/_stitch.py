@@ -320,16 +320,24 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
 def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale) -> dict:
     """One camera offset per channel, from all its planes at once (``mine``: {channel: plane indices};
     ``inputs(i)``: a plane's host tiles, BaSiC flatfield and envelope; ``envelope(i)``: the envelope alone):
-    each plane's first flatfield (its envelope subtracted) and its offset from the overlaps, then the channels
-    side by side."""
+    each plane's first flatfield (its envelope subtracted), then the channels side by side; where a channel's
+    offset is not certain, its planes' overlaps are asked (``shading.with_overlaps``)."""
     planes = [i for ch in mine for i in mine[ch]]
+    firsts = dict(zip(planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale), planes)))
+    offsets = dict(zip(mine, ctx.pool.map(lambda ch: shading.estimate_channel_offset(
+        [envelope(i) for i in mine[ch]], [firsts[i] for i in mine[ch]]), mine)))
+    ask = [ch for ch, off in offsets.items() if shading.overlaps_may_help(off, len(mine[ch]))]
+    if ask:              # the envelope cannot pin it (a dense stain): the planes' overlaps
 
-    def first(i):        # the plane's first flatfield and its offset from the overlaps, from one host copy
-        tiles, flat, env = inputs(i)
-        return shading.first_flatfield(tiles, flat, env, pairs, scale), shading.overlap_offset(tiles, env, pairs, scale)
-    firsts = dict(zip(planes, ctx.pool.map(first, planes)))
-    return dict(zip(mine, ctx.pool.map(lambda ch: shading.estimate_channel_offset(
-        [envelope(i) for i in mine[ch]], [firsts[i][0] for i in mine[ch]], [firsts[i][1] for i in mine[ch]]), mine)))
+        def from_overlaps(i):
+            tiles, _, env = inputs(i)
+            return shading.overlap_offset(tiles, env, pairs, scale)
+        ask_planes = [i for ch in ask for i in mine[ch]]
+        found = dict(zip(ask_planes, ctx.pool.map(from_overlaps, ask_planes)))
+        for ch in ask:
+            offsets[ch] = shading.with_overlaps(offsets[ch], [envelope(i) for i in mine[ch]],
+                                                [found[i] for i in mine[ch]])
+    return offsets
 
 
 def _shading_record(sh) -> dict:
