@@ -479,16 +479,18 @@ def with_overlaps(offset: ChannelOffset, envelopes: list[np.ndarray],
 
 def _from_overlaps(envelopes: list[np.ndarray], per_plane: list[np.ndarray | None]) -> ChannelOffset | None:
     """The channel's offset from its planes' overlaps (``overlap_offset`` per plane: two ends each): the mean
-    of the planes' affine offsets (each the middle of its two ends), its standard error their spread over
-    the planes (as the jackknife gives it for a mean) and half the ends' mean distance apart (what the
-    overlaps left undecided); None with fewer than 3 planes measured (no spread to judge it by)."""
+    of the planes' affine offsets (each the middle of its two ends); its standard error one plane's spread
+    (not divided by sqrt(planes): the planes image the same specimen through the same overlaps, so their
+    errors are largely shared -- a Blank cycle's autofluorescence gave -36..-11 counts on 5 planes, all low)
+    and half the ends' mean distance apart (what the overlaps left undecided); None with fewer than 3
+    planes measured (no spread to judge it by)."""
     if len(per_plane) != len(envelopes) or any(g is None for g in per_plane) or len(per_plane) < 3:
         return None
     shape = envelopes[0].shape
     ends = np.array([[float(_offset_image(g, shape).mean()) for g in plane] for plane in per_plane])
     means = ends.mean(axis=1)
     image = _offset_image(np.mean([plane.mean(axis=0) for plane in per_plane], axis=0), shape)
-    se = float(np.hypot(np.std(means, ddof=1) / np.sqrt(len(means)), np.abs(ends[:, 1] - ends[:, 0]).mean() / 2))
+    se = float(np.hypot(np.std(means, ddof=1), np.abs(ends[:, 1] - ends[:, 0]).mean() / 2))
     floor = max(0.0, min(float(np.mean(e - image)) for e in envelopes))
     return ChannelOffset(image, floor, se, tuple(means), se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY),
                          per_column=False, from_overlaps=True)
