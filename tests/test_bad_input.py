@@ -446,8 +446,9 @@ def test_a_full_disk_names_the_folder_being_written(tmp_path, monkeypatch):
     assert str(err.value).startswith(f"qc_stitch: cyc001.json: no space left on {out.parent}, ")
 
 
+@pytest.mark.slurm     # the rerun asks squeue which jobs still run: a cluster must answer
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])
-def test_a_damaged_intermediate_is_named_not_counted_done_and_remade(tmp_path, damage):
+def test_a_damaged_intermediate_is_named_not_counted_done_and_remade(tmp_path, damage, slurm_cluster):
     """`truncate -s` of a stitched stack: deconvolve died in the codec naming no file while status said
     stitch done. Now the read names the file, status says damaged, rerun removes it (so Snakemake
     remakes it) and QC shows the stage failed."""

@@ -3,6 +3,7 @@ outputs are the registry's, and a stage added there is seen by every reader."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from plexgpu import paths
@@ -30,7 +31,8 @@ def test_every_rules_outputs_are_the_registrys(tmp_path, small_synth):
     assert sum(1 for r, _ in jobs if r == "stitch") == len(cycles)
 
 
-def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path):
+@pytest.mark.slurm     # its dry run asks squeue which jobs run: a cluster must answer
+def test_a_stage_added_to_the_registry_is_seen_everywhere(monkeypatch, tmp_path, slurm_cluster):
     """A stage inserted in the registry (say background subtraction after stitch) is a GPU stage with
     its rank for the scheduler, a row of `plexgpu status`, a line of a failed run's summary, a stage of
     the simulator and of `plan --simulate`'s minutes, a column of the QC page and a colour of the
