@@ -107,10 +107,11 @@ def test_hot_pixels_stitch_as_the_same_regime_without_them(tmp_path):
 
 @pytest.mark.slow
 def test_one_camera_offset_per_channel_for_all_its_planes(tmp_path):
-    """A dense stain, no bare slide, offset 110 counts with a ramp: each plane alone put the offset
-    anywhere from 0 to 469 counts (the per-plane estimate, kept as a diagnostic); the channel's planes
-    together give one offset, the same on every plane, within 10 counts of the truth or flagged
-    uncertain -- and then the QC verdict names basic.darkfield."""
+    """A dense stain, no bare slide, offset 110 counts with a ramp: each plane's low envelope alone put the
+    offset anywhere from 0 to 469 counts; the channel gets one offset, the same on every plane, from its
+    tile overlaps (each plane's answer kept as a diagnostic: 115-125 and 132-136 counts), within 10 counts
+    of the truth (118 / 129) and certain, so the QC page has no offset warning for it. (Where the data
+    cannot pin it down, the warning that names basic.darkfield: test_qc_verdicts.)"""
     from plexgpu import qc
 
     ds = SynthDataset(SynthSpec(cycles=1, rows=5, cols=6, tile=(128, 160), overlap=0.2, z_planes=5, channels=2,
@@ -123,14 +124,12 @@ def test_one_camera_offset_per_channel_for_all_its_planes(tmp_path):
         assert len(per_plane) == 1, per_plane                          # no plane gets an offset of its own
         o = record.offsets[str(ch)]
         truth = float(ds.darkfield(ch, 1).mean())
-        assert abs(o["counts"] - truth) <= 10 or o["uncertain"], (ch, o, truth)
+        assert abs(o["counts"] - truth) <= 10 and not o["uncertain"], (ch, o, truth)
         assert o["counts"] == pytest.approx(per_plane.pop(), abs=1e-3)
-    assert max(record.offsets["1"]["per_plane"]) - min(record.offsets["1"]["per_plane"]) > 50  # planes alone: noise
-    uncertain = [ch for ch, o in record.offsets.items() if o["uncertain"]]
+        assert o["model"] == "overlaps" and len(o["per_plane"]) == cs.z_planes, o
     m = qc.qc_stitch(cs.key, out["profiles"], out["pairs"], out["planes"], out["stitched"][0],
                      str(tmp_path / "qc.png"), str(tmp_path / "qc.shading.png"), str(tmp_path / "qc.json"))
-    for ch in uncertain:
-        assert any(r.startswith(f"CH{ch}: camera offset uncertain") and "basic.darkfield" in r for r in m["reasons"])
+    assert not [r for r in m["reasons"] if "camera offset uncertain" in r], m["reasons"]
 
 
 def _column_tiles(rng, pattern, light: float, n: int = 20, shape=(96, 128)):
