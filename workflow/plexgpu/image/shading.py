@@ -528,7 +528,7 @@ def _clearly_more_certain(error: float, draws: int, other: float) -> bool:
     return error * (1 + 1 / np.sqrt(2 * (draws - 1))) < other
 
 
-OVERLAP_ITERATIONS = 100        # alternations of the flatfield's ratio and the offset (10-70 on the sweeps)
+OVERLAP_ITERATIONS = 100        # alternations of the flatfield's ratio and the offset (9-22 per start on the sweeps)
 OVERLAP_TOLERANCE = 0.05        # counts: the alternation stops when no offset coefficient moves by more
 
 
