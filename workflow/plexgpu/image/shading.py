@@ -95,16 +95,12 @@ class Refinement:
     seam_after: float            # ... with the refined one
 
 
-def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin: int = MAX_SAMPLES,
-                    same_blur: bool = False):
+def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin: int = MAX_SAMPLES):
     """(ya, xa, yb, xb, ca, cb, pair): working-size coordinates of each overlap sample in tile a and
     b, the two readings minus ``additive`` and the pair's index; at most about ``thin`` samples,
     every k-th of each pair's overlap (thinned before anything is copied: memory). ``pairs``:
     (a, b, (dy, dx)) with b's top-left relative to a's in full-resolution px; ``scale``: working
-    size / tile size per axis. ``same_blur``: a is read half the sub-pixel shift off its pixel centres, so
-    that a and b are interpolated alike (bilinear interpolation blurs by its fraction: read at a pixel
-    centre, a's sharp nuclei against b's blurred ones made the offset from the overlaps 7-19 counts low
-    on noise-free dense DAPI tiles, -1..-3 read alike)."""
+    size / tile size per axis."""
     n, hs, wsx = tiles.shape
     yy, xx = np.mgrid[0:hs, 0:wsx].astype(np.float64)
     inner = (yy >= 1) & (yy <= hs - 2) & (xx >= 1) & (xx <= wsx - 2)   # the outermost working px averages
@@ -121,13 +117,8 @@ def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin:
         if len(idx) < 4:
             continue
         ya, xa = yy.ravel()[idx], xx.ravel()[idx]
-        if same_blur:
-            ya, xa = ya - (-dy * scale[0]) % 1.0 / 2, xa - (-dx * scale[1]) % 1.0 / 2
-            ca = (ndimage.map_coordinates(tiles[a], [ya, xa], order=1)
-                  - ndimage.map_coordinates(additive, [ya, xa], order=1))
-        else:
-            ca = tiles[a].ravel()[idx] - additive.ravel()[idx]
         yb, xb = ya - dy * scale[0], xa - dx * scale[1]
+        ca = tiles[a].ravel()[idx] - additive.ravel()[idx]
         cb = ndimage.map_coordinates(tiles[b], [yb, xb], order=1) - ndimage.map_coordinates(additive, [yb, xb], order=1)
         ok = (ca > 0) & (cb > 0)
         parts.append(np.stack([ya[ok], xa[ok], yb[ok], xb[ok], ca[ok], cb[ok], np.full(int(ok.sum()), k)]))
@@ -547,7 +538,7 @@ def overlap_offset(tiles: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.
     offset from a - rho b = D(p_a) - rho D(p_b) in counts, weighted by the inverse Poisson variance of the
     left side (a + rho^2 b). Both fits robust (Cauchy weights)."""
     shape = tiles.shape[1:]
-    s = overlap_samples(tiles, np.zeros(shape), pairs, scale, same_blur=True)
+    s = overlap_samples(tiles, np.zeros(shape), pairs, scale)
     if s.shape[1] < MIN_SAMPLES:
         return None
     ya, xa, yb, xb, ca, cb, pair = s
