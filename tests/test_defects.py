@@ -109,8 +109,8 @@ def test_hot_pixels_stitch_as_the_same_regime_without_them(tmp_path):
 def test_one_camera_offset_per_channel_for_all_its_planes(tmp_path):
     """A dense stain, no bare slide, offset 110 counts with a ramp: each plane's low envelope alone put the
     offset anywhere from 0 to 469 counts; the channel gets one offset, the same on every plane, from its
-    tile overlaps (each plane's answer kept as a diagnostic: 115-125 and 132-136 counts), within 10 counts
-    of the truth (118 / 129) and certain, so the QC page has no offset warning for it. (Where the data
+    tile overlaps (each plane's answer kept as a diagnostic: 103-117 and 132-136 counts), within 10 counts
+    of the truth (111 for 118, 133 for 129) and certain, so the QC page has no offset warning for it. (Where the data
     cannot pin it down, the warning that names basic.darkfield: test_qc_verdicts.)"""
     from plexgpu import qc
 
