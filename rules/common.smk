@@ -96,9 +96,13 @@ def stage_output(name, output):
 
 
 def over_cycles(name, output):
-    """One per-channel output of a per-cycle stage for every cycle, cycle-major and channel-minor:
+    """One output of a per-cycle stage for every cycle (a per-channel one cycle-major and channel-minor):
     what a stage over all cycles reads (expand() over a list would go channel-major)."""
-    return [f for c in CYCLES for f in paths.outputs(name, R, CHANNELS, c)[output]]
+
+    def listed(v):
+        return [v] if isinstance(v, str) else v
+
+    return [f for c in CYCLES for f in listed(paths.outputs(name, R, CHANNELS, c)[output])]
 
 
 def flat(outputs):

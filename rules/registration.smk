@@ -6,6 +6,9 @@ rule registration:
     input:
         edf=over_cycles("edf", "edf"),
         edf_deconvolved=over_cycles("edf", "edf_deconvolved"),
+        planes=over_cycles("stitch", "planes"),  # each cycle's camera offsets ...
+        profiles=over_cycles("stitch", "profiles"),  # ... its flatfields ...
+        positions=over_cycles("stitch", "positions"),  # ... and where its tiles lie (basic.shared_camera)
     output:
         **stage_outputs("registration"),
     log:
@@ -18,6 +21,7 @@ rule registration:
     params:
         specs=[SPECS[c] for c in CYCLES],
         registration=config["registration"],
+        shared_camera=config["basic"]["shared_camera"],
         device=DEVICE,
         accounting=ACCOUNTING,
     script:

@@ -12,4 +12,4 @@ from plexgpu.job import job_context
 sm = snakemake  # noqa: F821 (provided by Snakemake)
 specs = [CycleSpec.from_dict(d) for d in sm.params.specs]
 with job_context("registration", sm.log[0], sm.resources, sm.params.device, sm.params.accounting) as ctx:
-    stages.register(ctx, specs, sm.params.registration, sm.input, sm.output)
+    stages.register(ctx, specs, sm.params.registration, sm.input, sm.output, sm.params.shared_camera)

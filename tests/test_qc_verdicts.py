@@ -214,5 +214,8 @@ def test_one_camera_one_offset_across_cycles():
                                              "cyc004": {"1": rec(104), "2": rec(140, se=15)}})
     assert list(reasons) == ["cyc003"] and len(reasons["cyc003"]) == 1
     assert reasons["cyc003"][0].startswith("CH1: camera offset 131 ± 1 counts, the other cycles' 105")
+    assert "a dim marker reads -26 counts here" in reasons["cyc003"][0]      # its offset too high: too dark
+    assert "plex.ome.tif is brought to the other cycles' value" in reasons["cyc003"][0]
     assert "basic.darkfield: {1: 105} (the other cycles together)" in reasons["cyc003"][0]
     assert [r["channel"] for r in rows] == ["1", "2"] and rows[0]["cyc003"] == "131.0 ± 1.0"
+    assert rows[0]["the camera"] == "105.0 ± 1.2 (3 cycles)"

@@ -106,8 +106,10 @@ def _run_stages(raw: Path, res: Path, backend) -> dict:
                 ctx.xp = backend
                 run(ctx)
     keys = [s.key for s in specs]
-    reg_in = {name: [f for k in keys for f in paths.outputs("edf", res, specs[0].channels, k)[name]]
-              for name in ("edf", "edf_deconvolved")}
+    reg_in = {name: [f for k in keys for f in paths.outputs(stage, res, specs[0].channels, k)[name]]
+              for stage, name in (("edf", "edf"), ("edf", "edf_deconvolved"), ("stitch", "profiles"))}
+    reg_in.update({name: [paths.outputs("stitch", res, specs[0].channels, k)[name] for k in keys]
+                   for name in ("planes", "positions")})
     reg_out = paths.outputs("registration", res, specs[0].channels, cycles=keys)
     for f in reg_out["registered"] + reg_out["registered_deconvolved"] + [reg_out["plex"]]:
         Path(f).parent.mkdir(parents=True, exist_ok=True)

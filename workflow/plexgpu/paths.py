@@ -58,6 +58,7 @@ PIPELINE: tuple[Stage, ...] = (
                            ("registered_deconvolved", "registered/{cycle}/CH{ch}.deconvolved.ome.tif"),
                            ("shifts", "registered/shifts.csv"),
                            ("transforms", "registered/transforms.json"),         # rigid + local field per cycle
+                           ("camera", "registered/camera.json"),     # each channel's camera offset, per cycle's change
                            ("plex", "registered/plex.ome.tif"),                # measure per-cell intensities here
                            ("plex_deconvolved", "registered/plex_deconvolved.ome.tif"),  # view and segment here
                            ("markers", "registered/markers.csv")),             # MCMICRO's columns

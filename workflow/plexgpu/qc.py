@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import camera
 from .image import edf, texture
 from .io.tiff import StackReader, atomic_path, read_tiff, write_text_atomic
 from .planes import PlanesRecord
@@ -329,45 +330,26 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
     return metrics
 
 
-CAMERA_SIGMAS = 3.0               # a cycle's offset this many standard errors from the other cycles' (one camera) ...
-
-
 def camera_across_cycles(offsets: dict[str, dict]) -> tuple[list[dict], dict[str, list[str]]]:
-    """One camera offset per channel for every cycle: the cycles' fitted offsets compared.
+    """One camera offset per channel for every cycle: the cycles' fitted offsets compared (``camera``).
 
     ``offsets``: {cycle: {channel: the stitch's offset record (counts, standard_error, light_floor, ..)}}.
-    The camera does not change between cycles, so neither does its offset: a cycle whose offset lies
-    CAMERA_SIGMAS combined standard errors from the other cycles' weighted mean, and further than a
-    tenth of its dimmest light floor (what makes a dim marker read brighter, unequally per cycle), is a
-    warn naming the value the other cycles give together, for ``basic.darkfield``. Returns the rows (channel,
-    cycles' offsets, the weighted mean) and {cycle: [reasons]}."""
-    from .image.shading import MIN_UNCERTAINTY, UNCERTAIN_OF_FLOOR
-
+    A cycle set aside (its offset contradicts the other cycles') is a warn naming the value the other cycles
+    give together: registration brings plex.ome.tif to it, the cycle's stitched and EDF stacks keep their
+    own. Returns the rows (channel, cycles' offsets, the camera's) and {cycle: [reasons]}."""
     rows, reasons = [], {}
-    channels = sorted({ch for per in offsets.values() for ch in per}, key=int)
-    for ch in channels:
-        got = {c: per[ch] for c, per in offsets.items() if ch in per}
-        if not got:
-            continue
-        x = np.array([o["counts"] for o in got.values()])
-        se = np.maximum([o["standard_error"] for o in got.values()], MIN_UNCERTAINTY)
-        w = 1 / se ** 2
-        mean, mean_se = float((w * x).sum() / w.sum()), float(1 / np.sqrt(w.sum()))
-        rows.append({"channel": ch, **{c: f"{o['counts']:.1f} ± {o['standard_error']:.1f}" for c, o in got.items()},
-                     "all cycles": f"{mean:.1f} ± {mean_se:.1f}"})
-        if len(got) < 2:
-            continue
-        for i, (c, o) in enumerate(got.items()):
-            others = np.arange(len(x)) != i
-            m = float((w[others] * x[others]).sum() / w[others].sum())
-            combined = float(np.hypot(se[i], 1 / np.sqrt(w[others].sum())))
-            diff = float(x[i] - m)
-            if abs(diff) > CAMERA_SIGMAS * combined and abs(diff) > max(UNCERTAIN_OF_FLOOR * o["light_floor"],
-                                                                        MIN_UNCERTAINTY):
-                reasons.setdefault(c, []).append(
-                    f"CH{ch}: camera offset {x[i]:.0f} ± {o['standard_error']:.0f} counts, the other cycles' {m:.0f}: "
-                    f"one camera, one offset; a dim marker reads {diff:+.0f} counts here. Give basic.darkfield: "
-                    f"{{{ch}: {m:.0f}}} (the other cycles together) or a dark frame")
+    for ch, cam in camera.across_cycles(offsets).items():
+        rows.append({"channel": ch, **{c: f"{x:.1f} ± {se:.1f}" for c, (x, se) in cam.own.items()},
+                     "the camera": ("no two cycles agree" if cam.counts is None else
+                                    f"{cam.counts:.1f} ± {cam.standard_error:.1f} ({len(cam.cycles)} cycles)")})
+        for c, d in cam.set_aside.items():
+            reads = d.others - d.counts                  # an offset too high takes light away
+            reasons.setdefault(c, []).append(
+                f"CH{ch}: camera offset {d.counts:.0f} ± {d.standard_error:.0f} counts, the other cycles' "
+                f"{d.others:.0f}: one camera, one offset; a dim marker reads {reads:+.0f} counts here"
+                + (" (plex.ome.tif is brought to the other cycles' value; this cycle's stitched and EDF stacks "
+                   "keep their own)" if cam.counts is not None else "")
+                + f". Give basic.darkfield: {{{ch}: {d.others:.0f}}} (the other cycles together) or a dark frame")
     return rows, reasons
 
 

@@ -155,9 +155,12 @@ def write_index(out_html: str, out_json: str, inputs, cycles: list[str], channel
     # -- the camera across cycles
     if camera_rows:
         parts.append("<h2>Camera offset across cycles</h2><p class='small'>One camera, one offset: each cycle's "
-                     "fitted offset per channel (counts, standard error) and all cycles' weighted mean.</p>"
+                     "fitted offset per channel (counts, standard error) and the camera's, the weighted mean of the "
+                     "cycles that agree (a cycle that contradicts them is set aside and warned of). Registration "
+                     "brings every cycle of plex.ome.tif to the camera's value (basic.shared_camera; "
+                     "registered/camera.json).</p>"
                      + _table(camera_rows, ["channel"] + [c for c in cycles if any(c in r for r in camera_rows)]
-                              + ["all cycles"]))
+                              + ["the camera"]))
     # -- registration across cycles
     if reg_m is not None:
         parts.append(f"<h2>Registration (reference {html.escape(reg_m['reference_cycle'])})</h2>"

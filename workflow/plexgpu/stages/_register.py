@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import camera
 from .. import xp as xpmod
 from ..experiment import CycleSpec
-from ..image import registration
+from ..image import registration, stitching
+from ..planes import PlanesRecord
 from ..io.tiff import (read_tiff, write_plane, write_pyramidal_ome,
                       write_text_atomic)
 from ..job import JobContext
@@ -25,15 +27,19 @@ REGISTERED_KINDS = {"quantification": ("edf", "registered", "plex"),
                     "deconvolved": ("edf_deconvolved", "registered_deconvolved", "plex_deconvolved")}
 
 
-def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out) -> list:
+def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out, shared_camera: bool = True) -> list:
     """Align every cycle's EDFs to the reference cycle; write registered channels, shifts, plex files.
 
     ``inputs`` / ``out``: the stage's named inputs and outputs (the rule's snakemake.input / output):
-    per-cycle-and-channel lists (cycle-major) "edf", "edf_deconvolved" -> "registered",
-    "registered_deconvolved"; "shifts", "markers", "plex", "plex_deconvolved" one path each. The shifts
-    are measured on the quantification EDF and move both kinds.
+    per-cycle-and-channel lists (cycle-major) "edf", "edf_deconvolved", "profiles" (the stitch job's
+    flatfields) -> "registered", "registered_deconvolved"; per cycle "planes", "positions" (the stitch
+    job's); "shifts", "camera", "markers", "plex", "plex_deconvolved" one path each. The shifts are measured
+    on the quantification EDF and move both kinds. With ``shared_camera`` each cycle's channel is first
+    brought to the camera offset all cycles give together (``camera``): its own offset minus the camera's,
+    divided by its flatfield where each pixel came from, is added.
     """
     xp = ctx.xp
+    offsets = camera_offsets(specs, inputs, shared_camera, out["camera"])
     src = {kind: by_cycle_and_channel(specs, list(inputs[i])) for kind, (i, _, _) in REGISTERED_KINDS.items()}
     dst = {kind: by_cycle_and_channel(specs, list(out[r])) for kind, (_, r, _) in REGISTERED_KINDS.items()}
     by_key = {s.key: s for s in specs}
@@ -43,6 +49,8 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out
     first = next(iter(src))
     reference = xpmod.to_device(read_tiff(src[first][ref_key][ref_ch]).astype(np.float32), xp)
     shape = tuple(reference.shape)
+    profiles = by_cycle_and_channel(specs, list(inputs["profiles"]))
+    positions = dict(zip((s.key for s in specs), inputs["positions"]))
     shifts, names, residual = [], [], {}
     registered: dict = {kind: [] for kind in src}
     advance = ctx.progress("register cycles", len(specs))
@@ -60,9 +68,17 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out
                  s.threshold, s.blocks_reliable, s.blocks_total)
         for ch in spec.channels:
             names.append(spec.marker(ch))
+            added = offsets[str(ch)].correction(spec.key) if str(ch) in offsets else 0.0
+            per_flat = None if not added else xpmod.to_host(     # on the host while a channel is sampled
+                added * inverse_flat_mosaic(xp, profiles[spec.key][ch], positions[spec.key], tuple(moving.shape)))
             for kind in src:
                 img = moving if (kind == first and ch == ref_ch) else \
                     xpmod.to_device(read_tiff(src[kind][spec.key][ch]).astype(np.float32), xp)
+                if per_flat is not None:             # the camera's offset
+                    if img is reference:
+                        img = img.copy()             # the reference stays as it is
+                    img += xpmod.to_device(per_flat, xp)
+                    xp.maximum(img, 0, out=img)
                 moved = registration.apply_transform(img, s, shape)
                 if kind == first and ch == ref_ch:          # what is left, block by block (held-out blocks)
                     covered = xpmod.to_host(registration.coverage(tuple(img.shape), s, shape, xp))
@@ -78,6 +94,7 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out
                 write_plane(path, reg, spec.marker(ch), spec.pixel_size_um, workers=ctx.workers)
                 registered[kind].append(path)
                 del img, reg
+            del per_flat
         del moving
         advance()
     buf = io.StringIO()
@@ -105,6 +122,48 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out
                                      workers=ctx.workers)
         log.info("%s: %d channels, %d pyramid levels (%s)", Path(plex).name, len(paths_), levels, kind)
     return shifts
+
+
+def camera_offsets(specs: list[CycleSpec], inputs, shared_camera: bool, out_json: str) -> dict:
+    """Each channel's camera offset over the cycles (``camera.across_cycles`` of the stitch jobs' fitted
+    offsets), logged and written to ``out_json`` with what each cycle gets added; {} without
+    ``shared_camera``, where each cycle keeps its own."""
+    fitted = {s.key: PlanesRecord.read(p).offsets for s, p in zip(specs, inputs["planes"])}
+    cams = camera.across_cycles(fitted)
+    record = {"shared_camera": shared_camera, "channels": {}}
+    for ch, cam in cams.items():
+        record["channels"][ch] = {
+            "counts": cam.counts, "standard_error": cam.standard_error, "from_cycles": cam.cycles,
+            "set_aside": {c: vars(d) for c, d in cam.set_aside.items()},
+            "per_cycle": {c: {"counts": x, "standard_error": se,
+                              "added_over_flatfield": cam.correction(c) if shared_camera else 0.0}
+                          for c, (x, se) in cam.own.items()}}
+        if cam.counts is None:
+            log.warning("CH%s: no two cycles agree on the camera offset (%s): each cycle keeps its own; give "
+                        "basic.darkfield or a dark frame", ch, ", ".join(f"{c} {x:.1f} +- {se:.1f}"
+                                                                         for c, (x, se) in cam.own.items()))
+            continue
+        log.info("CH%s: camera offset %.1f +- %.1f counts from %s%s%s", ch, cam.counts, cam.standard_error,
+                 ", ".join(cam.cycles), "".join(f"; {c} ({d.counts:.1f} +- {d.standard_error:.1f}) set aside"
+                                                for c, d in cam.set_aside.items()),
+                 "; each cycle brought to it: " + ", ".join(f"{c} {cam.correction(c):+.1f}" for c in cam.own)
+                 if shared_camera else " (basic.shared_camera false: each cycle keeps its own)")
+    write_text_atomic(out_json, json.dumps(record, indent=1))
+    return cams if shared_camera else {}
+
+
+def inverse_flat_mosaic(xp, profiles_tif: str, positions_csv: str, shape: tuple[int, int]):
+    """1 / flatfield where each mosaic pixel came from (the planes' mean; tiles blended as the stitch job
+    blended them), in ``shape`` (the cycle's EDF)."""
+    prof = read_tiff(profiles_tif)                                    # Z, (flat, dark), Y, X
+    inverse = (1.0 / np.maximum(prof[:, 0], 1e-3)).mean(axis=0).astype(np.float32)
+    model = stitching.StitchModel.from_positions_csv(Path(positions_csv).read_text(), inverse.shape)
+    tile = xpmod.to_device(inverse, xp)
+    mosaic = stitching.blend((tile for _ in range(len(model.positions))), model)
+    h, w = min(shape[0], mosaic.shape[0]), min(shape[1], mosaic.shape[1])
+    if (h, w) == tuple(shape):
+        return mosaic[:h, :w]
+    return xp.pad(mosaic[:h, :w], ((0, shape[0] - h), (0, shape[1] - w)), mode="edge")   # positions rounded
 
 
 def unique_channel_names(names: list[str], cycles: list[int]) -> list[str]:

@@ -1,0 +1,89 @@
+"""One camera across cycles: the offset of each channel that the cycles give together.
+
+The camera (and its readout mode) does not change between the cycles of an experiment, so neither does its
+offset. Each cycle's stitch job fits it from that cycle's tiles alone (``planes.json`` offsets: counts and
+standard error per channel); a cycle whose tiles cannot pin it down (a Blank cycle: autofluorescence only, a
+dense stain) gets a value the other cycles contradict, and a dim marker then reads brighter or darker in that
+cycle only. Here the cycles' fits are combined: the cycle furthest from the others, when it lies more than
+CAMERA_SIGMAS combined standard errors from their inverse-variance weighted mean and further than a tenth of
+its dimmest light floor, is set aside, again until the rest agree; the rest give the channel's offset. The
+registration stage brings every cycle to it (``basic.shared_camera``), the QC page names the cycles set aside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .image.shading import MIN_UNCERTAINTY, UNCERTAIN_OF_FLOOR
+
+CAMERA_SIGMAS = 3.0     # a cycle's offset this many combined standard errors from the other cycles' is set aside
+
+
+@dataclass
+class Disagreement:
+    counts: float            # the cycle's own fitted offset
+    standard_error: float
+    others: float            # what the agreeing cycles give together
+    combined_error: float    # the standard error of the difference
+
+
+@dataclass
+class CameraOffset:
+    """A channel's camera offset over the cycles: ``counts`` is None where no two cycles agree (then each
+    cycle keeps its own)."""
+    channel: str
+    counts: float | None
+    standard_error: float | None
+    cycles: list[str]                                       # the agreeing cycles it comes from
+    own: dict[str, tuple[float, float]] = field(default_factory=dict)   # every cycle's (counts, standard error)
+    set_aside: dict[str, Disagreement] = field(default_factory=dict)
+
+    def correction(self, cycle: str) -> float:
+        """Counts to add to a cycle's light (divided by its flatfield) to bring it to the channel's offset:
+        its own offset minus the channel's (0 where there is none)."""
+        if self.counts is None or cycle not in self.own:
+            return 0.0
+        return self.own[cycle][0] - self.counts
+
+
+def _weighted(x: np.ndarray, se: np.ndarray) -> tuple[float, float]:
+    w = 1 / se ** 2
+    return float((w * x).sum() / w.sum()), float(1 / np.sqrt(w.sum()))
+
+
+def across_cycles(offsets: dict[str, dict]) -> dict[str, CameraOffset]:
+    """``offsets``: {cycle: {channel: the stitch job's offset record (counts, standard_error, light_floor)}}
+    -> {channel: CameraOffset}, channels in order."""
+    out = {}
+    for ch in sorted({ch for per in offsets.values() for ch in per}, key=int):
+        got = {c: per[ch] for c, per in offsets.items() if ch in per}
+        own = {c: (float(o["counts"]), float(o["standard_error"])) for c, o in got.items()}
+        keep = list(got)
+        set_aside: dict[str, Disagreement] = {}
+        while len(keep) > 1:
+            tests = []
+            for c in keep:
+                rest = [k for k in keep if k != c]
+                m, m_se = _weighted(np.array([own[k][0] for k in rest]),
+                                    np.maximum([own[k][1] for k in rest], MIN_UNCERTAINTY))
+                combined = float(np.hypot(max(own[c][1], MIN_UNCERTAINTY), m_se))
+                diff = own[c][0] - m
+                if abs(diff) > CAMERA_SIGMAS * combined and \
+                        abs(diff) > max(UNCERTAIN_OF_FLOOR * got[c]["light_floor"], MIN_UNCERTAINTY):
+                    tests.append((abs(diff) / combined, c, Disagreement(own[c][0], own[c][1], m, combined)))
+            if not tests:
+                break
+            _, worst, why = max(tests)
+            set_aside[worst] = why
+            keep.remove(worst)
+        if len(keep) == 1 and len(got) > 1:          # no two cycles agree: none is the camera's
+            out[ch] = CameraOffset(ch, None, None, [], own, set_aside)
+            continue
+        m, m_se = _weighted(np.array([own[k][0] for k in keep]), np.maximum([own[k][1] for k in keep],
+                                                                             MIN_UNCERTAINTY))
+        for d in set_aside.values():                 # compared with all the agreeing cycles, as applied
+            d.others, d.combined_error = m, float(np.hypot(max(d.standard_error, MIN_UNCERTAINTY), m_se))
+        out[ch] = CameraOffset(ch, m, m_se, keep, own, set_aside)
+    return out
