@@ -103,7 +103,7 @@ def at_resolution(im: np.ndarray, sharp: np.ndarray, inner) -> tuple[float, floa
         return a, b, float(np.mean((target - a * tr - b) ** 2))
     best = optimize.minimize_scalar(lambda s: fit(s)[2], bounds=(0.0, 3.0), method="bounded",
                                     options={"xatol": 0.02})
-    sigma = float(best.x) if fit(best.x)[2] < fit(0.0)[2] else 0.0
+    sigma = float(best.x) if best.fun < fit(0.0)[2] else 0.0
     a, b, _ = fit(sigma)
     return a, b, sigma
 

@@ -95,19 +95,20 @@ def stage_output(name, output):
     return stage_outputs(name)[output]
 
 
+def listed(paths_):
+    """A named output's paths as a list (one path, or a list per channel or cycle)."""
+    return [paths_] if isinstance(paths_, str) else paths_
+
+
 def over_cycles(name, output):
     """One output of a per-cycle stage for every cycle (a per-channel one cycle-major and channel-minor):
     what a stage over all cycles reads (expand() over a list would go channel-major)."""
-
-    def listed(v):
-        return [v] if isinstance(v, str) else v
-
     return [f for c in CYCLES for f in listed(paths.outputs(name, R, CHANNELS, c)[output])]
 
 
 def flat(outputs):
     """Every path of a stage's named outputs, in order."""
-    return [f for v in outputs.values() for f in ([v] if isinstance(v, str) else v)]
+    return [f for v in outputs.values() for f in listed(v)]
 
 
 def stage_folders(*stages):

@@ -48,11 +48,6 @@ class CameraOffset:
         return self.own[cycle][0] - self.counts
 
 
-def _weighted(x: np.ndarray, se: np.ndarray) -> tuple[float, float]:
-    w = 1 / se ** 2
-    return float((w * x).sum() / w.sum()), float(1 / np.sqrt(w.sum()))
-
-
 def across_cycles(offsets: dict[str, dict]) -> dict[str, CameraOffset]:
     """``offsets``: {cycle: {channel: the stitch job's offset record (counts, standard_error, light_floor)}}
     -> {channel: CameraOffset}, channels in order."""
@@ -60,30 +55,32 @@ def across_cycles(offsets: dict[str, dict]) -> dict[str, CameraOffset]:
     for ch in sorted({ch for per in offsets.values() for ch in per}, key=int):
         got = {c: per[ch] for c, per in offsets.items() if ch in per}
         own = {c: (float(o["counts"]), float(o["standard_error"])) for c, o in got.items()}
-        keep = list(got)
-        set_aside: dict[str, Disagreement] = {}
+
+        def error(c):
+            return max(own[c][1], MIN_UNCERTAINTY)
+
+        def together(cycles):            # inverse-variance mean and its standard error
+            w = np.array([1 / error(c) ** 2 for c in cycles])
+            return float(w @ [own[c][0] for c in cycles] / w.sum()), float(1 / np.sqrt(w.sum()))
+
+        def apart(c, rest):              # how many combined errors c lies from the rest, if it is to be set aside
+            m, m_se = together(rest)
+            diff, combined = abs(own[c][0] - m), float(np.hypot(error(c), m_se))
+            far = diff > CAMERA_SIGMAS * combined and diff > max(UNCERTAIN_OF_FLOOR * got[c]["light_floor"],
+                                                                 MIN_UNCERTAINTY)
+            return diff / combined if far else 0.0
+
+        keep, aside = list(got), []
         while len(keep) > 1:
-            tests = []
-            for c in keep:
-                rest = [k for k in keep if k != c]
-                m, m_se = _weighted(np.array([own[k][0] for k in rest]),
-                                    np.maximum([own[k][1] for k in rest], MIN_UNCERTAINTY))
-                combined = float(np.hypot(max(own[c][1], MIN_UNCERTAINTY), m_se))
-                diff = own[c][0] - m
-                if abs(diff) > CAMERA_SIGMAS * combined and \
-                        abs(diff) > max(UNCERTAIN_OF_FLOOR * got[c]["light_floor"], MIN_UNCERTAINTY):
-                    tests.append((abs(diff) / combined, c, Disagreement(own[c][0], own[c][1], m, combined)))
-            if not tests:
+            score, worst = max((apart(c, [k for k in keep if k != c]), c) for c in keep)
+            if not score:
                 break
-            _, worst, why = max(tests)
-            set_aside[worst] = why
+            aside.append(worst)
             keep.remove(worst)
+        m, m_se = together(keep)                     # a cycle set aside, against all the agreeing ones
+        set_aside = {c: Disagreement(*own[c], m, float(np.hypot(error(c), m_se))) for c in aside}
         if len(keep) == 1 and len(got) > 1:          # no two cycles agree: none is the camera's
             out[ch] = CameraOffset(ch, None, None, [], own, set_aside)
-            continue
-        m, m_se = _weighted(np.array([own[k][0] for k in keep]), np.maximum([own[k][1] for k in keep],
-                                                                             MIN_UNCERTAINTY))
-        for d in set_aside.values():                 # compared with all the agreeing cycles, as applied
-            d.others, d.combined_error = m, float(np.hypot(max(d.standard_error, MIN_UNCERTAINTY), m_se))
-        out[ch] = CameraOffset(ch, m, m_se, keep, own, set_aside)
+        else:
+            out[ch] = CameraOffset(ch, m, m_se, keep, own, set_aside)
     return out
