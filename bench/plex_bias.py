@@ -69,6 +69,8 @@ REGIMES = {   # name: (what it is, SynthSpec settings over BASE)
 }
 SMOOTH = 6.0    # px: the EDF lies up to half a plane off the sheet, a defocus blur the truth has not
 BORDER = 24
+CELL_RING = 2   # px: a nucleus grown by this is the cell the user measures (nucleus + a ring of cytoplasm)
+STAINED = 2.0   # a cell the marker stains: its truth mean at least this times the channel's dimmest cells
 BASICPY = {"get_darkfield": True, "sort_intensity": True, "fitting_mode": "approximate"}
 
 
@@ -108,27 +110,91 @@ def at_resolution(im: np.ndarray, sharp: np.ndarray, inner) -> tuple[float, floa
     return a, b, sigma
 
 
+def cells_in_mosaic(ds: SynthDataset, origin: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The cells a user measures (each nucleus grown by CELL_RING px), labelled where plex.ome.tif shows them
+    (the truth's placement: mosaic pixel i is canvas point i + origin + cycle 1's frame origin), and the ids of
+    those whole inside the BORDER and in tissue."""
+    cells = ndimage.grey_dilation(ds.nucleus_labels, size=2 * CELL_RING + 1)
+    start = np.asarray(origin, float) + np.asarray(ds.frame_origin(1), float)
+    cells = ndimage.affine_transform(cells, np.eye(2), offset=start, output_shape=shape, order=0, mode="constant")
+    tissue = ndimage.affine_transform(ds.tissue, np.eye(2), offset=start, output_shape=shape, order=1)
+    edge = np.ones(shape, bool)
+    edge[BORDER:-BORDER, BORDER:-BORDER] = False
+    ids = np.setdiff1d(np.unique(cells), np.unique(cells[edge]))
+    ids = ids[ids > 0]
+    return cells, ids[ndimage.minimum(tissue, cells, ids) > 0.95]
+
+
+def per_cell(img: np.ndarray, truth: np.ndarray, cells: np.ndarray, ids: np.ndarray) -> dict:
+    """Each cell's mean in ``img`` against the truth's (at the image's resolution), for the cells the marker
+    stains (truth mean at least STAINED x the channel's dimmest cells, their 5th percentile): the median
+    ratio and difference (counts), the ratio's 5th-95th percentile, and the median ratio of the dimmest
+    quarter of them (where an offset error shows most)."""
+    im = np.asarray(ndimage.mean(img, cells, ids))
+    tr = np.asarray(ndimage.mean(truth, cells, ids))
+    stained = tr >= STAINED * max(float(np.percentile(tr, 5)), 1.0)
+    im, tr = im[stained], tr[stained]
+    r = im / tr
+    dim = tr <= np.percentile(tr, 25)
+    return {"cells": int(stained.sum()), "ratio": float(np.median(r)), "difference": float(np.median(im - tr)),
+            "ratio_5_95": [float(np.percentile(r, 5)), float(np.percentile(r, 95))],
+            "dimmest_quarter_ratio": float(np.median(r[dim])), "means": dict(zip(ids[stained].tolist(), im.tolist()))}
+
+
+def per_block(img: np.ndarray, truth: np.ndarray, inner, block: tuple[int, int]) -> dict:
+    """The image less the truth (at the image's resolution), averaged over blocks of ``block`` px across the
+    mosaic: where a local offset or flatfield error shows that one intercept over the whole mosaic hides. Its
+    extremes (counts), their spread (max - min) and, relative to the truth's block means in the brighter half of
+    the blocks (a flatfield error is relative), their extremes."""
+    def means(a):
+        gy, gx = a.shape[0] // block[0], a.shape[1] // block[1]
+        return a[:gy * block[0], :gx * block[1]].reshape(gy, block[0], gx, block[1]).mean(axis=(1, 3))
+    d, t = means((img - truth)[inner]), means(truth[inner])
+    lit = t >= np.median(t)                   # relative where the specimen is: the brighter half of the blocks
+    return {"blocks": int(d.size), "block_px": list(block), "min": float(d.min()), "max": float(d.max()),
+            "spread": float(d.max() - d.min()),
+            "relative_brighter_half": [float((d / t)[lit].min()), float((d / t)[lit].max())]}
+
+
 def plex_bias(ds: SynthDataset, truth: dict, res: Path) -> dict:
-    """(cycle, channel) -> (intercept, slope, dimmest background, intercept against the sharp truth, the blur
-    matched) of plex.ome.tif against the truth."""
+    """(cycle, channel) -> {intercept, slope, dimmest background, intercept against the sharp truth, the blur
+    matched, per_cell, per_block} of plex.ome.tif against the truth."""
     spec = ds.spec
     with tifffile.TiffFile(res / "registered/plex.ome.tif") as tif:
         plex = tif.series[0].levels[0].asarray()
     origin = np.array(truth["positions"][0], float).min(axis=0)
     o = np.floor(origin).astype(int)
-    out = {}
+    out, cells = {}, None
     for c in range(1, spec.cycles + 1):
         for ch in range(1, spec.channels + 1):
             img = plex[(c - 1) * spec.channels + ch - 1].astype(np.float32)
             counts = 3000.0 * spec.brightness / ch * ds.in_focus(c, ch, frame_of=1)
             sharp = ndimage.shift(counts, -(origin - o), order=3, mode="nearest")[o[0]:, o[1]:]
             h, w = min(sharp.shape[0], img.shape[0]), min(sharp.shape[1], img.shape[1])
+            img, sharp = img[:h, :w], sharp[:h, :w]
             inner = (slice(BORDER, h - BORDER), slice(BORDER, w - BORDER))
-            im = ndimage.gaussian_filter(img[:h, :w], SMOOTH)[inner]
-            tr = ndimage.gaussian_filter(sharp[:h, :w], SMOOTH)[inner]
+            im = ndimage.gaussian_filter(img, SMOOTH)[inner]
+            tr = ndimage.gaussian_filter(sharp, SMOOTH)[inner]
             _, b_sharp = intercept(im, tr)
-            a, b, sigma = at_resolution(img[:h, :w], sharp[:h, :w], inner)
-            out[(c, ch)] = (b, a, float(np.percentile(im, 1)), b_sharp, sigma)
+            a, b, sigma = at_resolution(img, sharp, inner)
+            if cells is None:
+                cells = cells_in_mosaic(ds, origin, (h, w))
+            truth_res = ndimage.gaussian_filter(sharp, sigma) if sigma > 0 else sharp
+            out[(c, ch)] = {"bias": b, "slope": a, "dimmest": float(np.percentile(im, 1)), "bias_sharp": b_sharp,
+                            "sigma": sigma, "cells": per_cell(img, truth_res, *cells),
+                            "blocks": per_block(img, truth_res, inner, (spec.tile[0] // 2, spec.tile[1] // 2))}
+    return out
+
+
+def cycles_cell_by_cell(e2e: dict, spec: SynthSpec) -> dict:
+    """The nuclear stain (channel 1, the same in every cycle) cell by cell: each later cycle's cell means over
+    the first cycle's, the 5th-95th percentile over the cells (1.00-1.00: the cycles agree cell by cell)."""
+    first = e2e[(1, 1)]["cells"]["means"]
+    out = {}
+    for c in range(2, spec.cycles + 1):
+        other = e2e[(c, 1)]["cells"]["means"]
+        r = np.array([other[k] / first[k] for k in first if k in other])
+        out[f"cyc{c:03d}/cyc001"] = [float(np.percentile(r, 5)), float(np.median(r)), float(np.percentile(r, 95))]
     return out
 
 
@@ -153,17 +219,23 @@ def qc_stitch(res: Path) -> dict:
     return {m["cycle"]: (m["status"], m["reasons"]) for m in metrics["stitch"]}
 
 
-def run_regime(name: str, what: str, settings: dict, peers: bool, keep: Path | None) -> dict:
+def run_regime(name: str, what: str, settings: dict, peers: bool, keep: Path | None, reuse: Path | None) -> dict:
+    """One regime, written and run (into ``keep`` if given), or measured again where ``reuse`` holds its run."""
     ds = SynthDataset(SynthSpec(**{**BASE, **settings}))
     spec = ds.spec
-    work = Path(tempfile.mkdtemp(prefix=f"plex_bias_{name}_", dir=keep))
-    raw = ds.write(work / "raw")
+    t = {"s": None}
+    if reuse is not None:
+        work = next(reuse.glob(f"plex_bias_{name}_????????"))   # mkdtemp's 8-character suffix: dense is not dense_dark
+        raw = work / "raw"
+    else:
+        work = Path(tempfile.mkdtemp(prefix=f"plex_bias_{name}_", dir=keep))
+        raw = ds.write(work / "raw")
+        with timer(t, "s"):
+            run_workflow(raw, work)
     truth = json.loads((raw / "truth/truth.json").read_text())
-    t = {}
-    with timer(t, "s"):
-        run_workflow(raw, work)
     res = work / "results"
     e2e = plex_bias(ds, truth, res)
+    across = cycles_cell_by_cell(e2e, spec)
     names = spec.marker_names()
     rows = []
     for c in range(1, spec.cycles + 1):
@@ -172,9 +244,12 @@ def run_regime(name: str, what: str, settings: dict, peers: bool, keep: Path | N
             ours = [plane_bias(ds, c, ch, z, prof[z - 1, 0], prof[z - 1, 1]) for z in range(1, spec.z_planes + 1)]
             spread = float(np.abs(prof[:, 1].mean(axis=(1, 2)) - prof[0, 1].mean()).max())
             true_off = float(np.mean([ds.darkfield(ch, z).mean() for z in range(1, spec.z_planes + 1)]))
+            m = e2e[(c, ch)]
+            m["cells"].pop("means")
             row = {"cycle": c, "channel": ch, "marker": names[(c - 1) * spec.channels + ch - 1],
-                   "plex_bias": e2e[(c, ch)][0], "plex_slope": e2e[(c, ch)][1], "dimmest": e2e[(c, ch)][2],
-                   "plex_bias_sharp_truth": e2e[(c, ch)][3], "blur_matched_px": e2e[(c, ch)][4],
+                   "plex_bias": m["bias"], "plex_slope": m["slope"], "dimmest": m["dimmest"],
+                   "plex_bias_sharp_truth": m["bias_sharp"], "blur_matched_px": m["sigma"],
+                   "per_cell": m["cells"], "per_block": m["blocks"],
                    "ours_plane_bias": [min(ours), max(ours)], "ours_offset": float(prof[:, 1].mean()),
                    "true_offset": true_off, "ours_offset_spread_over_planes": spread}
             if peers:
@@ -184,9 +259,10 @@ def run_regime(name: str, what: str, settings: dict, peers: bool, keep: Path | N
                 row["basicpy_plane_bias"] = [min(theirs), max(theirs)]
             rows.append(row)
     qc = qc_stitch(res)
-    if keep is None:
+    if keep is None and reuse is None:
         shutil.rmtree(work)
-    return {"regime": name, "what": what, "seconds": t["s"], "markers": rows, "qc_stitch": qc}
+    return {"regime": name, "what": what, "seconds": t["s"], "markers": rows, "qc_stitch": qc,
+            "nuclear_stain_cell_by_cell": across}
 
 
 def summary(r: dict) -> dict:
@@ -205,6 +281,19 @@ def summary(r: dict) -> dict:
            f"{max(m['ours_plane_bias'][1] for m in ms):+.1f}; offset spread over a channel's planes "
            f"{max(m['ours_offset_spread_over_planes'] for m in ms):.2f}; QC stitch: "
            + ", ".join(f"{c} {s}" for c, (s, _) in sorted(r["qc_stitch"].items())))
+    cells = [m["per_cell"] for m in ms]
+    blocks = [m["per_block"] for m in ms]
+    across = r["nuclear_stain_cell_by_cell"]
+    acc += (f"; per cell (stained): median ratio {min(c['ratio'] for c in cells):.3f}-"
+            f"{max(c['ratio'] for c in cells):.3f}, dimmest quarter {min(c['dimmest_quarter_ratio'] for c in cells):.3f}-"
+            f"{max(c['dimmest_quarter_ratio'] for c in cells):.3f}, 5-95 % over cells "
+            f"{min(c['ratio_5_95'][0] for c in cells):.2f}-{max(c['ratio_5_95'][1] for c in cells):.2f}; "
+            f"per block of half a tile: {min(b['min'] for b in blocks):+.1f}..{max(b['max'] for b in blocks):+.1f} "
+            f"counts ({100 * min(b['relative_brighter_half'][0] for b in blocks):+.1f}.."
+            f"{100 * max(b['relative_brighter_half'][1] for b in blocks):+.1f} % of the truth in the brighter half of "
+            f"the blocks), spread within one image <= {max(b['spread'] for b in blocks):.1f}; nuclear stain cell by cell, "
+            "later cycle / first (5-50-95 %): " + ", ".join(f"{k} {v[0]:.3f}/{v[1]:.3f}/{v[2]:.3f}"
+                                                           for k, v in across.items()))
     peer = None
     if all("basicpy_plane_bias" in m for m in ms):
         peer = (f"basicpy 2.0.0 darkfield, per plane {min(m['basicpy_plane_bias'][0] for m in ms):+.1f}.."
@@ -218,11 +307,13 @@ def main():
     ap.add_argument("--regimes", default=",".join(REGIMES))
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--keep", type=Path, help="keep each regime's raw data and results under this folder")
+    ap.add_argument("--reuse", type=Path, help="measure the runs an earlier --keep left in this folder again "
+                                               "(no workflow run)")
     args = ap.parse_args()
     results = []
     for name in args.regimes.split(","):
         what, settings = REGIMES[name]
-        r = run_regime(name, what, settings, not args.no_peers, args.keep)
+        r = run_regime(name, what, settings, not args.no_peers, args.keep, args.reuse)
         results.append(r)
         print(json.dumps(summary(r)), flush=True)
     rows = [summary(r) for r in results]
