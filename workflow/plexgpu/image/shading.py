@@ -26,7 +26,8 @@ positions of the accepted pairs:
    (``smooth_flatfield``): the texture BaSiC leaves finer than that is the specimen's.
 
 Offset (``estimate_channel_offset``): the low envelope of the tiles (a low quantile per pixel, the
-``darkfield`` BaSiC subtracts before its fit) is the
+``darkfield`` BaSiC subtracts before its fit, of tiles averaged enough that its minimum is not the noise's:
+``offset_envelope``) is the
 camera offset plus the light the dimmest tiles still carry, and that light is modulated by the
 flatfield. The offset is the envelope's lower support (quantile regression) after an F-shaped light
 floor is taken out, free per column (the sensor's column pattern) and told from the floor along the
@@ -52,6 +53,8 @@ from typing import NamedTuple
 import numpy as np
 from numpy.polynomial import legendre
 from scipy import ndimage
+
+from .basic import estimate_darkfield
 
 DEGREES = (2, 4, 6)              # candidate total degrees of the log-flatfield polynomial
 RIDGES = (1.0, 1e-2, 1e-4, 1e-6)  # candidate pulls toward BaSiC's projection (per sample, weights mean 1)
@@ -318,8 +321,9 @@ class ChannelOffset:
     light_floor: float           # light the dimmest plane's envelope holds above it (mean counts)
     uncertainty: float           # standard error of the offset's mean (counts): over the planes and over the field
     per_plane: tuple[float, ...]  # each plane's own estimate (the same model on it alone): diagnostics only
-    uncertain: bool              # uncertainty above UNCERTAIN_OF_FLOOR of the light floor (and MIN_UNCERTAINTY);
-                                 # fewer than 3 planes: or the floor above UNCERTAIN_FLOOR of the offset
+    uncertain: bool              # uncertainty clearly above (_clearly_above) UNCERTAIN_OF_FLOOR of the light floor
+                                 # (and MIN_UNCERTAINTY); fewer than 3 planes: or the floor above UNCERTAIN_FLOOR of
+                                 # the offset
     per_column: bool = True      # the lower support fitted free per sensor column (else affine): where clearly
                                  # more certain (_per_column_clearly_more_certain)
     from_overlaps: bool = False  # from the tile overlaps (overlap_offset), not the envelope: clearly more certain
@@ -330,8 +334,8 @@ class ChannelOffset:
         return "overlaps" if self.from_overlaps else "per column" if self.per_column else "affine"
 
 
-UNCERTAIN_OF_FLOOR = 0.1         # the offset is uncertain when its standard error exceeds this fraction of the
-MIN_UNCERTAINTY = 2.0            # dimmest plane's light floor, and this many counts
+UNCERTAIN_OF_FLOOR = 0.1         # the offset is uncertain when its standard error clearly exceeds (_clearly_above)
+MIN_UNCERTAINTY = 2.0            # this fraction of the dimmest plane's light floor, and this many counts
 UNCERTAIN_FLOOR = 0.5            # with fewer than 3 planes (not resampled over planes): also uncertain when the
                                  # light floor exceeds this fraction of the offset (one plane, synthetic sweep:
                                  # floor/offset < 0.5 -> offset within 10 %; 0.65-15 -> 4-160 %)
@@ -406,6 +410,30 @@ def _super_blocks(n_blocks: int) -> list[np.ndarray]:
     return [np.flatnonzero(region == k) for k in range(SUPER_BLOCKS ** 2)]
 
 
+NOISE_AVERAGED = 50.0           # raw pixels each reading averages before the offset's envelope takes its minimum
+
+
+def offset_envelope(tiles: np.ndarray, scale) -> np.ndarray:
+    """The low envelope the offset is fitted to (``estimate_channel_offset``): BaSiC's darkfield
+    (``basic.estimate_darkfield``, a low quantile per pixel over the tiles, smoothed) of the working-size
+    ``tiles`` (N, ws, ws), each first smoothed so that a reading averages NOISE_AVERAGED raw pixels (``scale``:
+    working size over the tile's size, per axis; a working pixel already averages 1 / (scale_y scale_x)).
+
+    The minimum of N noisy readings lies below their mean by about 1.9 of the noise's standard deviation
+    (N = 20), and with Poisson noise that deviation grows with the light: the envelope is pulled down more
+    under the flatfield's dome than at its rim, which the support fit reads as less light floor at the rim,
+    i.e. a lower offset. Measured on plex_bias's sparse, dim and ramp regimes (128 x 160 tiles, a working
+    pixel averages 1.25 raw ones): the offset 4.1-6.0 counts low from the envelope of the noisy tiles, -0.1 to
+    -0.4 from that of the noise-free ones; with 50 raw pixels averaged first, 1.1-1.7 low. Tiles of 2048 px
+    (256 raw pixels to a working one) are averaged enough already and are not smoothed."""
+    pixels = 1.0 / (scale[0] * scale[1])
+    sigma = np.sqrt(NOISE_AVERAGED / (4 * np.pi * pixels)) if pixels < NOISE_AVERAGED else 0.0
+    tiles = np.asarray(tiles, np.float32)
+    if sigma > 0:                               # a Gaussian of sigma averages 4 pi sigma^2 pixels' noise
+        tiles = ndimage.gaussian_filter(tiles, (0, sigma, sigma), mode="nearest")
+    return np.asarray(estimate_darkfield(tiles[None])[0], np.float64)
+
+
 def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]) -> ChannelOffset:
     """The camera offset of one channel from the low envelopes and (first) flatfields of all its
     planes: per plane the envelope is the offset plus that plane's light floor times its flatfield;
@@ -454,7 +482,7 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     floor = float(min(m * fm for m, fm in zip(light, flat_means)))
     per_plane = tuple(offset_mean(_joint_fit([p], [0], per_column=per_column).offset) for p in parts)
     image = _offset_image(off, shape)
-    uncertain = se > max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY) or (
+    uncertain = _clearly_above(se, BOOTSTRAP, max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY)) or (
         n < 3 and floor > UNCERTAIN_FLOOR * float(image.mean()))   # the field alone does not see a dense stain
     return ChannelOffset(image, floor, se, per_plane, uncertain, per_column)
 
@@ -511,6 +539,14 @@ def _per_column_clearly_more_certain(per_column: _Resampled, affine: _Resampled)
     wsi_brain tiles (one plane): per column 795 counts, above the raw 1st percentile 771, with an error
     (55.7) no smaller than the affine fit's (60.3, 684 counts)."""
     return _clearly_more_certain(per_column.error, BOOTSTRAP, affine.error)
+
+
+def _clearly_above(error: float, draws: int, threshold: float) -> bool:
+    """``error`` (a standard deviation from ``draws`` values) above ``threshold`` by more than its own sampling
+    error: what flags an offset uncertain. A standard error from BOOTSTRAP draws is itself uncertain by 16 %:
+    at the threshold, the flag would follow the draws, not the data (the workflow test's clean data, 128 x 128
+    tiles, one cycle: 2.1 counts against MIN_UNCERTAINTY, the other cycles 1.0 and 1.4)."""
+    return error * (1 - 1 / np.sqrt(2 * (draws - 1))) > threshold
 
 
 def _clearly_more_certain(error: float, draws: int, other: float) -> bool:
@@ -636,5 +672,6 @@ def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray 
     if known_offset is not None:
         flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": known_offset}, pairs, scale)
         return PlaneShading(flat, known_offset.astype(np.float32), ref, "given")
-    offset = estimate_channel_offset([envelope], [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
+    offset = estimate_channel_offset([offset_envelope(tiles, scale)],
+                                     [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
     return shade_with_offset(tiles, basic_flat, envelope, pairs, scale, offset)

@@ -320,12 +320,14 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
 def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale) -> dict:
     """One camera offset per channel, from all its planes at once (``mine``: {channel: plane indices};
     ``inputs(i)``: a plane's host tiles, BaSiC flatfield and envelope; ``envelope(i)``: the envelope alone):
-    each plane's first flatfield (its envelope subtracted), then the channels side by side; where a channel's
+    each plane's first flatfield (its envelope subtracted) and the envelope the offset is fitted to
+    (``shading.offset_envelope``: of tiles averaged enough), then the channels side by side; where a channel's
     offset is not certain, its planes' overlaps are asked (``shading.with_overlaps``)."""
     planes = [i for ch in mine for i in mine[ch]]
     firsts = dict(zip(planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale), planes)))
+    lows = dict(zip(planes, ctx.pool.map(lambda i: shading.offset_envelope(inputs(i)[0], scale), planes)))
     offsets = dict(zip(mine, ctx.pool.map(lambda ch: shading.estimate_channel_offset(
-        [envelope(i) for i in mine[ch]], [firsts[i] for i in mine[ch]]), mine)))
+        [lows[i] for i in mine[ch]], [firsts[i] for i in mine[ch]]), mine)))
     ask = [ch for ch, off in offsets.items() if shading.overlaps_may_help(off, len(mine[ch]))]
     if ask:              # the envelope cannot pin it (a dense stain): the planes' overlaps
 
