@@ -420,12 +420,13 @@ def offset_envelope(tiles: np.ndarray, scale) -> np.ndarray:
     working size over the tile's size, per axis; a working pixel already averages 1 / (scale_y scale_x)).
 
     The minimum of N noisy readings lies below their mean by about 1.9 of the noise's standard deviation
-    (N = 20), and with Poisson noise that deviation grows with the light: the envelope is pulled down more
-    under the flatfield's dome than at its rim, which the support fit reads as less light floor at the rim,
-    i.e. a lower offset. Measured on plex_bias's sparse, dim and ramp regimes (128 x 160 tiles, a working
-    pixel averages 1.25 raw ones): the offset 4.1-6.0 counts low from the envelope of the noisy tiles, -0.1 to
-    -0.4 from that of the noise-free ones; with 50 raw pixels averaged first, 1.1-1.7 low. Tiles of 2048 px
-    (256 raw pixels to a working one) are averaged enough already and are not smoothed."""
+    (N = 20), and with Poisson noise that deviation grows with the light (as sqrt(read^2 + F S)): the
+    support fit, offset + m F, takes the part of that depth which follows the flatfield F as less light
+    floor and the rest, which does not vanish where F does, as a lower offset. Measured on plex_bias's
+    sparse, dim and ramp regimes (128 x 160 tiles, a working pixel averages 1.25 raw ones): the offset 4.1-6.0
+    counts low from the envelope of the noisy tiles, -0.1 to -0.4 from that of the noise-free ones; with 50
+    raw pixels averaged first, 1.1-1.7 low. Tiles of 2048 px (256 raw pixels to a working one) are averaged
+    enough already and are not smoothed."""
     pixels = 1.0 / (scale[0] * scale[1])
     sigma = np.sqrt(NOISE_AVERAGED / (4 * np.pi * pixels)) if pixels < NOISE_AVERAGED else 0.0
     tiles = np.asarray(tiles, np.float32)
