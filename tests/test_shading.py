@@ -187,6 +187,7 @@ def test_a_dense_stain_gives_the_offset_through_its_overlaps(regime):
     truth = float(basic.downsample(ds.darkfield(1, 1)[None], 128)[0].mean())
     support = shading.estimate_channel_offset(envelopes, firsts)
     assert shading.overlaps_may_help(support, len(envelopes))
+    assert type(support.uncertain) is bool       # a Python bool, flagged or not: it goes to planes.json
     off = shading.with_overlaps(support, envelopes, overlaps)
     print(f"offset {truth:.1f}: envelope {support.image.mean():.1f} +- {support.uncertainty:.1f}; overlaps "
           f"{off.image.mean():.1f} +- {off.uncertainty:.1f} (planes {' '.join(f'{v:.1f}' for v in off.per_plane)}), "

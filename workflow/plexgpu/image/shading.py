@@ -547,7 +547,7 @@ def _clearly_above(error: float, draws: int, threshold: float) -> bool:
     error: what flags an offset uncertain. A standard error from BOOTSTRAP draws is itself uncertain by 16 %:
     at the threshold, the flag would follow the draws, not the data (the workflow test's clean data, 128 x 128
     tiles, one cycle: 2.1 counts against MIN_UNCERTAINTY, the other cycles 1.0 and 1.4)."""
-    return error * (1 - 1 / np.sqrt(2 * (draws - 1))) > threshold
+    return bool(error * (1 - 1 / np.sqrt(2 * (draws - 1))) > threshold)   # a Python bool: planes.json
 
 
 def _clearly_more_certain(error: float, draws: int, other: float) -> bool:
