@@ -324,8 +324,12 @@ def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale
     (``shading.offset_envelope``: of tiles averaged enough), then the channels side by side; where a channel's
     offset is not certain, its planes' overlaps are asked (``shading.with_overlaps``)."""
     planes = [i for ch in mine for i in mine[ch]]
-    firsts = dict(zip(planes, ctx.pool.map(lambda i: shading.first_flatfield(*inputs(i), pairs, scale), planes)))
-    lows = dict(zip(planes, ctx.pool.map(lambda i: shading.offset_envelope(inputs(i)[0], scale), planes)))
+
+    def first_and_low(i):               # one copy of the plane's inputs to the host for both
+        tiles, basic_flat, env = inputs(i)
+        return shading.first_flatfield(tiles, basic_flat, env, pairs, scale), shading.offset_envelope(tiles, scale)
+    both = dict(zip(planes, ctx.pool.map(first_and_low, planes)))
+    firsts, lows = {i: v[0] for i, v in both.items()}, {i: v[1] for i, v in both.items()}
     offsets = dict(zip(mine, ctx.pool.map(lambda ch: shading.estimate_channel_offset(
         [lows[i] for i in mine[ch]], [firsts[i] for i in mine[ch]]), mine)))
     ask = [ch for ch, off in offsets.items() if shading.overlaps_may_help(off, len(mine[ch]))]
