@@ -100,6 +100,30 @@ def test_the_noise_minimum_is_not_taken_for_a_lower_offset():
     assert abs(averaged.image.mean() - truth) <= 2.0 and truth - single.image.mean() >= 2.5
 
 
+@pytest.mark.parametrize("glow", [0.0, 80.0], ids=["none", "corner-glow"])
+def test_light_fixed_to_the_sensor_is_subtracted_with_the_offset(glow):
+    """Stray light added in one corner of the sensor (up to 80 counts over a 100-count offset), tiles at their
+    places of a sparse specimen: it is in every tile's envelope at the same sensor place, so both halves of the
+    tiles show it, and it is subtracted with the offset: the darkfield within a quarter of the glow's peak of
+    offset + glow everywhere (14 of 80 counts here, 5 of them the offset's own, pulled low by the glow; with the
+    offset alone, off by all of the glow). Without it, both halves show other specimen and nothing is kept."""
+    ds = SynthDataset(SynthSpec(**{**BASE, "sparse_fraction": 0.03, "stray_light": glow}))
+    extra = ds.stray(1)
+    raw = _plane(ds)
+    small = basic.downsample(raw, 128)
+    fit = basic.fit_batch(small[None], basic.BasicParams())
+    scale = (128 / ds.spec.tile[0], 128 / ds.spec.tile[1])
+    sh = shading.shade_plane(small.astype(np.float64), fit.flatfield[0], fit.darkfield[0].astype(np.float64), [], scale)
+    truth = basic.downsample((ds.darkfield(1, 2) + extra)[None], 128)[0]
+    err = np.abs(sh.darkfield - truth)
+    print(f"glow {glow}: sensor light {sh.sensor_light:.1f} counts, darkfield error mean {err.mean():.1f} max "
+          f"{err.max():.1f}, offset {sh.offset_mean:.1f}")
+    if glow:
+        assert sh.sensor_light > 0.5 * extra.mean() and err.max() <= 0.25 * glow
+    else:
+        assert sh.sensor_light == 0.0
+
+
 def test_too_few_overlap_samples_keep_basic_on_the_smooth_model():
     """Without overlaps BaSiC's flatfield is kept, less the texture finer than the optics shade (the specimen's
     own, which tens of tiles do not average out); a flatfield already on the model comes back as it was."""

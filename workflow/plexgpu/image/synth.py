@@ -70,12 +70,16 @@ class SynthSpec:
     z_step_um: float = 1.5
     markers: tuple[str, ...] = field(default=())   # a marker named Blank... shows autofluorescence only
     brightness: float = 1.0        # scales every channel's counts (0.1: a dim marker at low counts)
+    stray_light: float = 0.0       # counts of light fixed to the sensor, not shaded (stray excitation, a reflection):
+                                   # this many at one corner of the sensor, falling off across it; every tile
 
     def __post_init__(self):
         if self.thickness_um < 0:
             raise ValueError(f"SynthSpec.thickness_um must be >= 0 (0: a thin sheet), not {self.thickness_um}")
         if not 0 <= self.vignetting < 1:
             raise ValueError(f"SynthSpec.vignetting must be in [0, 1), not {self.vignetting}")
+        if self.stray_light < 0:
+            raise ValueError(f"SynthSpec.stray_light must be >= 0 counts, not {self.stray_light}")
         if not 0 <= self.hot_pixels < 0.5:
             raise ValueError(f"SynthSpec.hot_pixels must be a fraction in [0, 0.5), not {self.hot_pixels}")
         if self.jitter_px < 0 or self.cycle_shift_px < 0 or self.dark_offset < 0 or self.nuclei_density <= 0 \
@@ -387,8 +391,16 @@ class SynthDataset:
                 offset = np.array([oy + y, ox + x]) + centre - rot @ centre
                 tile = ndimage.affine_transform(coeffs, rot, offset=offset, output_shape=(h, w), order=3,
                                                 mode="mirror", prefilter=False)
-            tiles.append(tile.astype(np.float32) * flat + dark)
+            tiles.append(tile.astype(np.float32) * flat + self.stray(channel) + dark)
         return tiles
+
+    def stray(self, channel: int) -> np.ndarray:
+        """Light fixed to the sensor (``stray_light``): added to every tile at the same sensor place, not shaded
+        by the flatfield; brightest at the corner (last row, last column), a little different per channel."""
+        h, w = self.spec.tile
+        yy, xx = np.mgrid[0:h, 0:w] / np.array([h, w], np.float32).reshape(2, 1, 1)
+        return (self.spec.stray_light * (1.1 - 0.1 * channel)
+                * np.exp(-((yy - 1) ** 2 + (xx - 1) ** 2) / 0.15)).astype(np.float32)
 
     def write(self, out: str | Path) -> Path:
         """Write the raw layout, experiment.json, channelNames.txt and truth/ under ``out``."""
