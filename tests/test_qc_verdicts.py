@@ -203,6 +203,17 @@ def test_a_plane_left_to_basic_alone_is_named():
     assert msg.startswith("flatfield from BaSiC alone on 2 of 3 planes (CH2 Z003, CH2 Z010)")
 
 
+def test_an_uncertain_offset_says_why():
+    """A dense stain (every tile carries light) and a field whose regions disagree are told apart; both name
+    the config key that settles it."""
+    def rec(floor, se):
+        return {"counts": 110.0, "standard_error": se, "light_floor": floor, "uncertain": True}
+    dense, field = qc.uncertain_offset("2", rec(300.0, 45.0)), qc.uncertain_offset("2", rec(2.0, 3.5))
+    assert "(every tile carries light)" in dense and "every tile" not in field
+    assert "differs between regions of the field" in field
+    assert all("give basic.darkfield: {2: <counts>} or a dark frame" in m for m in (dense, field))
+
+
 def test_one_camera_one_offset_across_cycles():
     """A cycle whose fitted camera offset differs from the other cycles' beyond their errors is named, with the
     value all cycles give together; cycles that agree within their errors are not."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import camera
 from .image import edf, texture
+from .image.shading import MIN_UNCERTAINTY, UNCERTAIN_OF_FLOOR
 from .io.tiff import StackReader, atomic_path, read_tiff, write_text_atomic
 from .planes import PlanesRecord
 
@@ -255,6 +256,17 @@ def tile_graph_picture(mosaic_plane, footprints: list, pairs: list[dict]) -> np.
     return np.asarray(img)
 
 
+def uncertain_offset(channel: str, offset: dict) -> str:
+    """The warn for a channel's camera offset the stitch job flagged uncertain (its planes.json record), with why:
+    the light every tile carries where a tenth of that floor is what it was held to, else the spread of its
+    estimate over the field's regions and the planes (a floor of a few counts is no reason)."""
+    why = ("every tile carries light" if offset["light_floor"] * UNCERTAIN_OF_FLOOR > MIN_UNCERTAINTY
+           else "its estimate differs between regions of the field and between planes")
+    return (f"CH{channel}: camera offset uncertain, {offset['counts']:.0f} +- {offset['standard_error']:.0f} counts "
+            f"against a dimmest light floor of {offset['light_floor']:.0f} ({why}): give basic.darkfield: "
+            f"{{{channel}: <counts>}} or a dark frame")
+
+
 def unrefined_planes(shading: dict) -> str | None:
     """The fallback a plane gets when too few overlap samples are left to refine its flatfield (pairs
     rejected, tissue on too few overlaps): BaSiC's statistics alone, which take the specimen's own
@@ -284,8 +296,11 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
     for path in profiles:
         prof = read_tiff(path)                                   # Z, 2 (flat, dark), Y, X
         name = Path(path).name.split(".")[0]
+        ch = name.removeprefix("CH")
+        light = [v.get("sensor_light", 0.0) for k, v in planes.shading.items() if k.split("/")[0] == ch]
         shading[name] = {"flat_range": [float(prof[:, 0].min()), float(prof[:, 0].max())],
-                         "dark_range": [float(prof[:, 1].min()), float(prof[:, 1].max())]}
+                         "dark_range": [float(prof[:, 1].min()), float(prof[:, 1].max())],
+                         "sensor_light": max(light, default=0.0)}   # mean counts, its largest plane
         flats.append(prof[:, 0])
         darks.append(prof[:, 1])
     flat_lo = min(v["flat_range"][0] for v in shading.values())
@@ -309,11 +324,7 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
     if flat_lo < FLAT_RANGE[0] or flat_hi > FLAT_RANGE[1]:
         problems.append(("warn", f"flatfield {flat_lo:.2f}..{flat_hi:.2f} of its mean: strong vignetting or a fit "
                                  "gone wrong (look at the shading picture)"))
-    for ch, o in sorted(planes.offsets.items()):
-        if o["uncertain"]:
-            problems.append(("warn", f"CH{ch}: camera offset uncertain, {o['counts']:.0f} +- {o['standard_error']:.0f} "
-                                     f"counts against a dimmest light floor of {o['light_floor']:.0f} (every tile "
-                                     "carries light): give basic.darkfield: {" + str(ch) + ": <counts>} or a dark frame"))
+    problems += [("warn", uncertain_offset(ch, o)) for ch, o in sorted(planes.offsets.items()) if o["uncertain"]]
     if problem := unrefined_planes(planes.shading):
         problems.append(("warn", problem))
     saturated = {k: v for k, v in planes.saturated_after_correction.items() if v}
