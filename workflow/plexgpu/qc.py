@@ -297,10 +297,10 @@ def qc_stitch(cycle: str, profiles: list[str], pairs_csv: str, planes_json: str,
         prof = read_tiff(path)                                   # Z, 2 (flat, dark), Y, X
         name = Path(path).name.split(".")[0]
         ch = name.removeprefix("CH")
-        light = [v.get("sensor_light", 0.0) for k, v in planes.shading.items() if k.split("/")[0] == ch]
+        light = [v.get("added_light", 0.0) for k, v in planes.shading.items() if k.split("/")[0] == ch]
         shading[name] = {"flat_range": [float(prof[:, 0].min()), float(prof[:, 0].max())],
                          "dark_range": [float(prof[:, 1].min()), float(prof[:, 1].max())],
-                         "sensor_light": max(light, default=0.0)}   # mean counts, its largest plane
+                         "added_light": max(light, default=0.0)}   # mean counts, its largest plane
         flats.append(prof[:, 0])
         darks.append(prof[:, 1])
     flat_lo = min(v["flat_range"][0] for v in shading.values())

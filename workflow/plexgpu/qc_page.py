@@ -185,7 +185,7 @@ def write_index(out_html: str, out_json: str, inputs, cycles: list[str], channel
                          f"{_ncc_legend()}</figcaption></figure>")
             parts.append(f"<figure><img src='stitch/{c}.shading.png' width='460'><figcaption>"
                          "Flatfield (upper rows: one per channel) and darkfield (lower rows: the camera offset and "
-                         "any light fixed to the sensor, both subtracted) per z-plane (columns)."
+                         "any light added on the sensor, such as stray light, both subtracted) per z-plane (columns)."
                          + _scale("flatfield", *st["flat_colour_range"])
                          + _scale("darkfield (counts)", *st["dark_colour_range"], ".0f")
                          + _offsets_line(st.get("offsets", {})) + "</figcaption></figure>")
@@ -225,9 +225,9 @@ def write_index(out_html: str, out_json: str, inputs, cycles: list[str], channel
         if st:
             tables.append(_table([{"channel": k, "flat min..max": "{:.3f}..{:.3f}".format(*v["flat_range"]),
                                    "dark min..max": "{:.1f}..{:.1f}".format(*v["dark_range"]),
-                                   "light fixed to the sensor (mean counts)": "{:.1f}".format(v.get("sensor_light", 0))}
+                                   "added light (mean counts)": "{:.1f}".format(v.get("added_light", 0))}
                                   for k, v in st["shading"].items()],
-                                 ["channel", "flat min..max", "dark min..max", "light fixed to the sensor (mean counts)"]))
+                                 ["channel", "flat min..max", "dark min..max", "added light (mean counts)"]))
         if tables:
             parts.append("<details><summary>per channel</summary>" + "".join(tables) + "</details>")
     parts.append("</body></html>")

@@ -36,10 +36,10 @@ light at every pixel (a dense stain, no bare slide) the two cannot be told apart
 offset's standard error (resampled over planes and field) exceeds a tenth of that floor, it is
 flagged so the user can give the offset (``basic.darkfield: {channel: <counts>}``).
 
-Light fixed to the sensor (``sensor_light``): stray excitation light, reflections and glare reach the camera
-added to the specimen's light, not shaded by the flatfield; what of the envelope is left above the offset and
-the light floor and repeats in two disjoint halves of the tiles is subtracted with the offset (the darkfield
-written is both). Real wsi_brain tiles carry up to ~550 counts of it in two corners.
+The additive term the output is corrected with is the one its flatfield was fitted with: where the overlaps
+chose the envelope, the offset and what of the envelope lies above it and the light floor (``envelope_excess``:
+light fixed to the sensor, such as stray light, and the specimen the dimmest tiles showed); else the offset.
+Real wsi_brain tiles carry stray light of up to ~550 counts in two corners.
 
 Offset from the overlaps (``overlap_offset``): the two readings of one point of the specimen are
 a = F(p_a) S + D(p_a) and b = F(p_b) S + D(p_b), so a - D(p_a) = rho (b - D(p_b)) with rho = F(p_a) / F(p_b)
@@ -60,7 +60,6 @@ from numpy.polynomial import legendre
 from scipy import ndimage
 
 from .basic import estimate_darkfield
-from .defects import CHANCE_SIGMAS, MIN_TILES as MIN_TILES_SPLIT
 
 DEGREES = (2, 4, 6)              # candidate total degrees of the log-flatfield polynomial
 RIDGES = (1.0, 1e-2, 1e-4, 1e-6)  # candidate pulls toward BaSiC's projection (per sample, weights mean 1)
@@ -518,10 +517,19 @@ def _from_overlaps(envelopes: list[np.ndarray], per_plane: list[np.ndarray | Non
     (not divided by sqrt(planes): the planes image the same specimen through the same overlaps, so their
     errors are largely shared -- a Blank cycle's autofluorescence gave -36..-11 counts on 5 planes, all low)
     and half the ends' mean distance apart (what the overlaps left undecided); None with fewer than 3
-    planes measured (no spread to judge it by)."""
+    planes measured (no spread to judge it by), and None where an end is no offset at all: below 0 somewhere
+    on the sensor or above what the plane's dimmest tiles read there (its envelope). Such an answer means the
+    overlaps' model did not hold (measured: stray light of up to 150 counts in one corner, added and not
+    affine, drove every plane's ends below 0; clipped to 0 they agreed exactly, a standard error of 0, and
+    were taken: the offset 0 for a camera at 90-100 counts)."""
     if len(per_plane) != len(envelopes) or any(g is None for g in per_plane) or len(per_plane) < 3:
         return None
     shape = envelopes[0].shape
+    for plane, envelope in zip(per_plane, envelopes):
+        for g in plane:
+            corners = g[0] + np.array([0.0, g[1], g[2], g[1] + g[2]])      # an affine image's extremes
+            if corners.min() < 0 or float(_offset_image(g, shape).mean()) > float(np.mean(envelope)):
+                return None
     ends = np.array([[float(_offset_image(g, shape).mean()) for g in plane] for plane in per_plane])
     means = ends.mean(axis=1)
     image = _offset_image(np.mean([plane.mean(axis=0) for plane in per_plane], axis=0), shape)
@@ -641,38 +649,25 @@ def _alternate(A, ua, ub, ca, cb, g: np.ndarray) -> np.ndarray | None:
     return g
 
 
-def sensor_light(tiles: np.ndarray, scale, offset: np.ndarray, flat: np.ndarray) -> np.ndarray:
-    """Light fixed to the sensor (working size, counts, >= 0): stray excitation light, reflections and glare
-    reach the camera added to the specimen's light, not shaded by the flatfield, so they are part of what
-    is subtracted before the flatfield divides, as the camera offset is.
+def envelope_excess(tiles: np.ndarray, scale, offset: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """What of a plane's low envelope lies above the camera offset and the light floor (working size, counts,
+    >= 0): the part of the additive term a flatfield refined with the envelope subtracted (``refine_flatfield``'s
+    "envelope") was fitted with that is not the camera's. That flatfield holds only with the same term
+    subtracted: subtracting the offset alone divides this part by the flatfield instead. It is light fixed to
+    the sensor -- stray excitation light, reflections, glare: added, not shaded -- and the specimen the dimmest
+    tiles happened to show at each pixel.
 
-    The plane's low envelope (``offset_envelope``) is the offset, plus the light floor of the dimmest tiles
-    under the flatfield (m F, m its SUPPORT_QUANTILE), plus the rest: what is left of the envelope then
-    (smoothed by ENVELOPE_SIGMA: such light is smooth, nuclei are not). That rest is either fixed to the
-    sensor or the chance of which specimen the few dimmest tiles showed at each pixel; only the first
-    repeats in the envelopes of two disjoint halves of the tiles (even and odd: each sees other specimen).
-    It is kept scaled by its reliability (split-half correlation r; for all the tiles 2r / (1 + r), as
-    ``defects.column_offsets`` scales the column pattern), and not at all where r is no more than
-    CHANCE_SIGMAS standard errors of two unrelated smooth fields (a Gaussian of sigma leaves about one
-    independent value per 4 pi sigma^2 pixels). Measured on ../shared/realdata/wsi_brain (63 tiles of
-    512 px): r = 0.996, a mean of 90 and up to 550 counts in two corners of the sensor, where the
-    flatfield is lowest; subtracting the offset alone, each overlap's two readings of the same specimen
-    differed by 7.4 % (median |log ratio|), with this light subtracted too by 2.7 % (basicpy 2.0.0's
-    flat- and darkfield: 4.0 %). On synthetic tiles at random places of a specimen (dense, sparse, dim; 20
-    and 80 tiles) r was -0.3..0.4 and nothing was kept. Where every tile shows the same specimen (a time
-    lapse, not a tile scan) that specimen is fixed to the sensor and would be taken for such light."""
-    def rest(tiles_):
-        e = offset_envelope(tiles_, scale) - offset
-        m = np.quantile(e / flat, SUPPORT_QUANTILE)
-        return ndimage.gaussian_filter(e - m * flat, ENVELOPE_SIGMA, mode="nearest")
+    The envelope of tiles averaged enough (``offset_envelope``) less the offset less the light floor m F (m the
+    SUPPORT_QUANTILE of what is left over F: the dimmest tiles' light stays light), smoothed by ENVELOPE_SIGMA
+    (such light is smooth, nuclei are not). Measured on ../shared/realdata/wsi_brain (63 tiles of 512 px; the
+    minimum over the tiles is highest in two corners, where the flatfield is lowest: stray light of up to ~550
+    counts): the overlaps chose the envelope; with the offset alone subtracted, each overlap's two corrected
+    readings were 7.4 % apart (median |log ratio|), with this part too 2.8 % (the flatfield fitted with the
+    offset alone and that subtracted: 3.4 %; basicpy 2.0.0's flat- and darkfield: 4.0 %)."""
     flat = np.asarray(flat, np.float64) / float(np.mean(flat))
-    if len(tiles) < MIN_TILES_SPLIT:
-        return np.zeros(offset.shape, np.float32)
-    whole, a, b = rest(tiles), rest(tiles[0::2]), rest(tiles[1::2])
-    r = float(np.corrcoef(a.ravel(), b.ravel())[0, 1]) if min(a.std(), b.std()) > 0 else 0.0
-    if r < CHANCE_SIGMAS / np.sqrt(whole.size / (4 * np.pi * ENVELOPE_SIGMA ** 2)):
-        return np.zeros(offset.shape, np.float32)
-    return np.maximum(whole * 2 * r / (1 + r), 0).astype(np.float32)
+    e = offset_envelope(tiles, scale) - offset
+    m = np.quantile(e / flat, SUPPORT_QUANTILE)
+    return np.maximum(ndimage.gaussian_filter(e - m * flat, ENVELOPE_SIGMA, mode="nearest"), 0).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -685,12 +680,12 @@ class PlaneShading:
     offset: str                  # "fitted", "given" or "off"
     light_floor: float = 0.0     # light the dimmest tiles carry above the fitted offset (mean counts)
     offset_uncertain: bool = False
-    sensor_light: float = 0.0    # mean counts of light fixed to the sensor (``sensor_light``), in darkfield too
+    added_light: float = 0.0     # mean counts of the envelope's excess (``envelope_excess``), in the darkfield too
 
     @property
     def offset_mean(self) -> float:
-        """The camera offset's mean (counts): the darkfield less the sensor's light."""
-        return float(self.darkfield.mean()) - self.sensor_light
+        """The camera offset's mean (counts): the darkfield less the envelope's excess."""
+        return float(self.darkfield.mean()) - self.added_light
 
 
 def first_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.ndarray:
@@ -701,12 +696,13 @@ def first_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndar
 
 def shade_with_offset(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray, pairs, scale,
                       offset: ChannelOffset) -> PlaneShading:
-    """A plane's flatfield refined with its channel's fitted offset and the light fixed to its sensor
-    (``sensor_light``; or its envelope) subtracted; both are its darkfield."""
-    additive = offset.image + sensor_light(tiles, scale, offset.image, basic_flat)
-    flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": additive}, pairs, scale)
-    return PlaneShading(flat, additive, ref, "fitted", offset.light_floor, offset.uncertain,
-                        float(additive.mean() - offset.image.mean()))
+    """A plane's flatfield refined with its channel's fitted offset or its envelope subtracted; its darkfield the
+    offset, and where the envelope was chosen the envelope's excess over it too (``envelope_excess``): the output
+    is corrected with the additive term its flatfield was fitted with."""
+    flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": offset.image}, pairs, scale)
+    light = envelope_excess(tiles, scale, offset.image, basic_flat) if ref.additive == "envelope" else 0.0
+    return PlaneShading(flat, offset.image + light, ref, "fitted", offset.light_floor, offset.uncertain,
+                        float(np.mean(light)))
 
 
 def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray | None, pairs, scale,
@@ -719,11 +715,11 @@ def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray 
         zero = np.zeros_like(basic_flat)
         flat, ref = refine_flatfield(tiles, basic_flat, {"offset": zero}, pairs, scale)
         return PlaneShading(flat, zero, ref, "off")
-    if known_offset is not None:                  # a dark frame holds the camera, not the light fixed to the sensor
+    if known_offset is not None:                  # a dark frame holds the camera, not light added on the sensor
         known_offset = np.asarray(known_offset, np.float32)
-        additive = known_offset + sensor_light(tiles, scale, known_offset, basic_flat)
-        flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": additive}, pairs, scale)
-        return PlaneShading(flat, additive, ref, "given", sensor_light=float(additive.mean() - known_offset.mean()))
+        flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": known_offset}, pairs, scale)
+        light = envelope_excess(tiles, scale, known_offset, basic_flat) if ref.additive == "envelope" else 0.0
+        return PlaneShading(flat, known_offset + light, ref, "given", added_light=float(np.mean(light)))
     offset = estimate_channel_offset([offset_envelope(tiles, scale)],
                                      [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
     return shade_with_offset(tiles, basic_flat, envelope, pairs, scale, offset)

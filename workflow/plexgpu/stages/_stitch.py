@@ -314,9 +314,10 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
             log.info("CH%d Z%03d: flatfield refined on %d overlap samples (degree %d, %s subtracted): seams "
                      "%.1f%% -> %.1f%%; offset %s, mean %.1f", ch, z, r.samples, r.degree, r.additive,
                      100 * r.seam_before, 100 * r.seam_after, sh.offset, sh.offset_mean)
-        if sh.sensor_light:
-            log.info("CH%d Z%03d: light fixed to the sensor (stray light, not shaded by the flatfield) subtracted "
-                     "with the offset: mean %.1f counts (its shape: the QC page's darkfield)", ch, z, sh.sensor_light)
+        if sh.added_light:
+            log.info("CH%d Z%03d: the envelope's excess over the offset (light fixed to the sensor, such as stray "
+                     "light) subtracted with it, as the flatfield was fitted: mean %.1f counts (its shape: the QC "
+                     "page's darkfield)", ch, z, sh.added_light)
     return shades, record
 
 
@@ -354,7 +355,7 @@ def _shading_record(sh) -> dict:
     def finite(v):
         return v if v == v else None          # NaN (not refined) is null in JSON
     return {"offset": sh.offset, "offset_mean": sh.offset_mean, "offset_uncertain": sh.offset_uncertain,
-            "light_floor": sh.light_floor, "sensor_light": sh.sensor_light, "refined": r.degree is not None,
+            "light_floor": sh.light_floor, "added_light": sh.added_light, "refined": r.degree is not None,
             "degree": r.degree,
             "additive": r.additive, "overlap_samples": r.samples, "seam_before": finite(r.seam_before),
             "seam_after": finite(r.seam_after)}
