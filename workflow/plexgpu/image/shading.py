@@ -518,7 +518,7 @@ def _from_overlaps(envelopes: list[np.ndarray], per_plane: list[np.ndarray | Non
     errors are largely shared -- a Blank cycle's autofluorescence gave -36..-11 counts on 5 planes, all low)
     and half the ends' mean distance apart (what the overlaps left undecided); None with fewer than 3
     planes measured (no spread to judge it by), and None where an end is no offset at all: below 0 somewhere
-    on the sensor or above what the plane's dimmest tiles read there (its envelope). Such an answer means the
+    on the sensor, or above what the plane's dimmest tiles read (its envelope, on average). Such an answer means the
     overlaps' model did not hold (measured: stray light of up to 150 counts in one corner, added and not
     affine, drove every plane's ends below 0; clipped to 0 they agreed exactly, a standard error of 0, and
     were taken: the offset 0 for a camera at 90-100 counts)."""
@@ -650,10 +650,10 @@ def _alternate(A, ua, ub, ca, cb, g: np.ndarray) -> np.ndarray | None:
 
 
 def envelope_excess(tiles: np.ndarray, scale, offset: np.ndarray, flat: np.ndarray) -> np.ndarray:
-    """What of a plane's low envelope lies above the camera offset and the light floor (working size, counts,
-    >= 0): the part of the additive term a flatfield refined with the envelope subtracted (``refine_flatfield``'s
-    "envelope") was fitted with that is not the camera's. That flatfield holds only with the same term
-    subtracted: subtracting the offset alone divides this part by the flatfield instead. It is light fixed to
+    """What of a plane's low envelope lies above the camera offset and the light floor under ``flat`` (working
+    size, counts, >= 0): the part of the additive term a flatfield refined with the envelope subtracted
+    (``refine_flatfield``'s "envelope") was fitted with that is not the camera's. That flatfield holds only with
+    the same term subtracted: subtracting the offset alone divides this part by the flatfield instead. It is light fixed to
     the sensor -- stray excitation light, reflections, glare: added, not shaded -- and the specimen the dimmest
     tiles happened to show at each pixel.
 
@@ -700,7 +700,7 @@ def shade_with_offset(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.nd
     offset, and where the envelope was chosen the envelope's excess over it too (``envelope_excess``): the output
     is corrected with the additive term its flatfield was fitted with."""
     flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": offset.image}, pairs, scale)
-    light = envelope_excess(tiles, scale, offset.image, basic_flat) if ref.additive == "envelope" else 0.0
+    light = envelope_excess(tiles, scale, offset.image, flat) if ref.additive == "envelope" else 0.0
     return PlaneShading(flat, offset.image + light, ref, "fitted", offset.light_floor, offset.uncertain,
                         float(np.mean(light)))
 
@@ -718,7 +718,7 @@ def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray 
     if known_offset is not None:                  # a dark frame holds the camera, not light added on the sensor
         known_offset = np.asarray(known_offset, np.float32)
         flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": known_offset}, pairs, scale)
-        light = envelope_excess(tiles, scale, known_offset, basic_flat) if ref.additive == "envelope" else 0.0
+        light = envelope_excess(tiles, scale, known_offset, flat) if ref.additive == "envelope" else 0.0
         return PlaneShading(flat, known_offset + light, ref, "given", added_light=float(np.mean(light)))
     offset = estimate_channel_offset([offset_envelope(tiles, scale)],
                                      [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
