@@ -35,6 +35,22 @@ def pollen():
     return truth, data, kernel / kernel.sum()
 
 
+WSI_BRAIN = HERE.parents[1] / "shared" / "realdata" / "wsi_brain"
+
+
+def wsi_brain_fiji() -> dict[int, tuple[float, float]]:
+    """Fiji's registered positions of the real wsi_brain tiles, {tile number: (y, x)} px (tiles 1-54; its
+    tile 45 is about 52 px off)."""
+    import re
+
+    pos = {}
+    for line in (WSI_BRAIN / "TileConfiguration.registered.txt").read_text().splitlines():
+        m = re.match(r"C3-BrainSection(\d+)\.tif; ; \(([-\d.e]+), ([-\d.e]+)\)", line)
+        if m:
+            pos[int(m[1])] = (float(m[3]), float(m[2]))
+    return pos
+
+
 @contextmanager
 def timer(out: dict, key: str):
     t0 = time.perf_counter()

@@ -14,7 +14,6 @@ translation, then optical_flow_ilk, radius 24, applied by warp) on the same imag
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from scipy import ndimage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 
+from common import wsi_brain_fiji  # noqa: E402
 from plexgpu.image import registration  # noqa: E402
 from plexgpu.io.tiff import read_tiff  # noqa: E402
 
@@ -40,11 +40,7 @@ REGIMES = {     # rotation (deg), stage error (px), deformation amplitude (px), 
 
 
 def real_mosaic() -> np.ndarray:
-    pos = {}
-    for line in (REALDATA / "TileConfiguration.registered.txt").read_text().splitlines():
-        m = re.match(r"C3-BrainSection(\d+)\.tif; ; \(([-\d.e]+), ([-\d.e]+)\)", line)
-        if m:
-            pos[int(m[1])] = (float(m[3]), float(m[2]))
+    pos = wsi_brain_fiji()
     y0 = min(p[0] for p in pos.values())
     x0 = min(p[1] for p in pos.values())
     h = int(max(p[0] for p in pos.values()) - y0) + 512
