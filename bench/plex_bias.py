@@ -22,7 +22,8 @@ profile (CPU, deconvolution off: this is about the quantification image). Then:
 * **per plane, ours and basicpy's**: the noise-free tiles of each (cycle, channel, z) corrected by the
   method's flat- and darkfield against the light that reached the sensor: the intercept of
   (E - D^) / F^ against (E - D) / F over every tile pixel (E the noise-free tile, F, D the true flat and
-  offset). Ours: the profiles the stitch job wrote (basic/<cycle>/CH<ch>.profiles.tif); basicpy 2.0.0
+  offset, with the light fixed to the sensor where the regime has it: it is added, not shaded). Ours: the
+  profiles the stitch job wrote (basic/<cycle>/CH<ch>.profiles.tif); basicpy 2.0.0
   fitted on the same noisy raw tiles with its darkfield (sort_intensity, approximate), one fit per plane;
 * the spread of our offset over the planes of a channel (it is one per channel: 0), the dimmest
   background (the 1st percentile of the marker's smoothed image in plex.ome.tif), and the QC verdict
@@ -64,6 +65,8 @@ REGIMES = {   # name: (what it is, SynthSpec settings over BASE)
     "ramp": ("offset 450 counts, a 160-count ramp across the sensor", dict(dark_offset=450.0)),
     "dense_dark": ("dense stain, large offset (450)", dict(nuclei_density=3.0, tissue_fraction=1.0,
                                                         dark_offset=450.0)),
+    "stray": ("stray light fixed to the sensor (150 counts at one corner, not shaded), sparse marker",
+              dict(sparse_fraction=0.03, stray_light=150.0)),
     "blank": ("a Blank cycle (cycle 3's marker: autofluorescence only), dense", dict(
         nuclei_density=3.0, tissue_fraction=1.0, markers=BLANK)),
 }
@@ -200,7 +203,7 @@ def cycles_cell_by_cell(e2e: dict, spec: SynthSpec) -> dict:
 
 def plane_bias(ds: SynthDataset, c: int, ch: int, z: int, flat_hat: np.ndarray, dark_hat: np.ndarray) -> float:
     """Intercept (counts) of the noise-free tiles corrected by (flat_hat, dark_hat) against the light."""
-    flat, dark = ds.flatfield(ch, z), ds.darkfield(ch, z)
+    flat, dark = ds.flatfield(ch, z), ds.darkfield(ch, z) + ds.stray(ch)     # the light fixed to the sensor: additive
     tiles = np.stack(ds.expected_tiles(c, ch, z))
     light = (tiles - dark) / flat
     corrected = (tiles - dark_hat) / (flat_hat / flat_hat.mean())
@@ -243,7 +246,8 @@ def run_regime(name: str, what: str, settings: dict, peers: bool, keep: Path | N
             prof = read_tiff(res / f"basic/cyc{c:03d}/CH{ch}.profiles.tif")        # Z, (flat, dark), Y, X
             ours = [plane_bias(ds, c, ch, z, prof[z - 1, 0], prof[z - 1, 1]) for z in range(1, spec.z_planes + 1)]
             spread = float(np.abs(prof[:, 1].mean(axis=(1, 2)) - prof[0, 1].mean()).max())
-            true_off = float(np.mean([ds.darkfield(ch, z).mean() for z in range(1, spec.z_planes + 1)]))
+            true_off = float(np.mean([ds.darkfield(ch, z).mean() for z in range(1, spec.z_planes + 1)])
+                             + ds.stray(ch).mean())                # the darkfield: offset and light fixed to the sensor
             m = e2e[(c, ch)]
             m["cells"].pop("means")
             row = {"cycle": c, "channel": ch, "marker": names[(c - 1) * spec.channels + ch - 1],
