@@ -97,8 +97,9 @@ def ours(raw: np.ndarray, darkfield: bool):
     else:
         env = fit.darkfield[0].astype(np.float64)
         first = shading.first_flatfield(tiles, fit.flatfield[0], env, [], scale)
-        off = shading.estimate_channel_offset([shading.offset_envelope(tiles, scale)], [first])
-        sh = shading.shade_with_offset(tiles, fit.flatfield[0], env, [], scale, off)
+        low = shading.offset_envelope(tiles, scale)
+        off = shading.estimate_channel_offset([low], [first])
+        sh = shading.shade_with_offset(tiles, fit.flatfield[0], env, [], scale, off, low)
     return basic.upsample(sh.flatfield, raw.shape[1:]), basic.upsample(sh.darkfield, raw.shape[1:])
 
 

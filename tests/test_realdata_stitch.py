@@ -66,6 +66,13 @@ def wsi(realdata, tmp_path_factory):
             "ref": np.load(src / "basicpy_reference_results.npz", allow_pickle=True)["wsi_brain"].item()}
 
 
+def _overlap(off):
+    """The overlap of tile b at ``off`` (y, x) from tile a, rounded to whole pixels: (slices in a, slices in b)."""
+    iy, ix = np.rint(off).astype(int)
+    return ((slice(max(iy, 0), 512 + min(iy, 0)), slice(max(ix, 0), 512 + min(ix, 0))),
+            (slice(max(-iy, 0), 512 + min(-iy, 0)), slice(max(-ix, 0), 512 + min(-ix, 0))))
+
+
 def _reference_pairs(wsi):
     """Pairs Fiji placed right: both tiles in Fiji's list (tile 45 out: Fiji is ~52 px off there),
     NCC > 0.7 at Fiji's offset, and Fiji's offset on Fiji's own grid (within 3 px of its median
@@ -82,10 +89,8 @@ def _reference_pairs(wsi):
     out = []
     for p, d, off, dev in rows:
         a, b = int(p["tile_a"]) - 1, int(p["tile_b"]) - 1
-        iy, ix = np.rint(off).astype(int)
-        ya, xa = slice(max(iy, 0), 512 + min(iy, 0)), slice(max(ix, 0), 512 + min(ix, 0))
-        yb, xb = slice(max(-iy, 0), 512 + min(-iy, 0)), slice(max(-ix, 0), 512 + min(-ix, 0))
-        if np.abs(dev - median[d]).max() <= 3 and ncc(tiles[a][ya, xa], tiles[b][yb, xb]) > 0.7:
+        sa, sb = _overlap(off)
+        if np.abs(dev - median[d]).max() <= 3 and ncc(tiles[a][sa], tiles[b][sb]) > 0.7:
             out.append((p, off, dev))
     return out
 
@@ -180,9 +185,7 @@ def test_the_overlaps_read_the_same_once_corrected(wsi):
         out = []
         for p, off, _dev in _reference_pairs(wsi):
             a, b = int(p["tile_a"]) - 1, int(p["tile_b"]) - 1
-            iy, ix = np.rint(off).astype(int)
-            sa = slice(max(iy, 0), 512 + min(iy, 0)), slice(max(ix, 0), 512 + min(ix, 0))
-            sb = slice(max(-iy, 0), 512 + min(-iy, 0)), slice(max(-ix, 0), 512 + min(-ix, 0))
+            sa, sb = _overlap(off)
             ra, rb = (ndimage.gaussian_filter((tiles[t][s] - additive[s]) / flat[s], 3)[4:-4, 4:-4].mean()
                       for t, s in ((a, sa), (b, sb)))
             out.append(abs(np.log(ra / rb)))

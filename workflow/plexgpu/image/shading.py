@@ -649,23 +649,23 @@ def _alternate(A, ua, ub, ca, cb, g: np.ndarray) -> np.ndarray | None:
     return g
 
 
-def envelope_excess(tiles: np.ndarray, scale, offset: np.ndarray, flat: np.ndarray) -> np.ndarray:
-    """What of a plane's low envelope lies above the camera offset and the light floor under ``flat`` (working
-    size, counts, >= 0): the part of the additive term a flatfield refined with the envelope subtracted
-    (``refine_flatfield``'s "envelope") was fitted with that is not the camera's. That flatfield holds only with
-    the same term subtracted: subtracting the offset alone divides this part by the flatfield instead. It is light fixed to
-    the sensor -- stray excitation light, reflections, glare: added, not shaded -- and the specimen the dimmest
-    tiles happened to show at each pixel.
+def envelope_excess(low: np.ndarray, offset: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """What of a plane's low envelope ``low`` (``offset_envelope``: of tiles averaged enough) lies above the
+    camera offset and the light floor under ``flat`` (working size, counts, >= 0): the part of the additive term
+    a flatfield refined with the envelope subtracted (``refine_flatfield``'s "envelope") was fitted with that is
+    not the camera's. That flatfield holds only with the same term subtracted: subtracting the offset alone
+    divides this part by the flatfield instead. It is light fixed to the sensor -- stray excitation light,
+    reflections, glare: added, not shaded -- and the specimen the dimmest tiles happened to show at each pixel.
 
-    The envelope of tiles averaged enough (``offset_envelope``) less the offset less the light floor m F (m the
-    SUPPORT_QUANTILE of what is left over F: the dimmest tiles' light stays light), smoothed by ENVELOPE_SIGMA
-    (such light is smooth, nuclei are not). Measured on ../shared/realdata/wsi_brain (63 tiles of 512 px; the
-    minimum over the tiles is highest in two corners, where the flatfield is lowest: stray light of up to ~550
-    counts): the overlaps chose the envelope; with the offset alone subtracted, each overlap's two corrected
-    readings were 7.4 % apart (median |log ratio|), with this part too 2.8 % (the flatfield fitted with the
-    offset alone and that subtracted: 3.4 %; basicpy 2.0.0's flat- and darkfield: 4.0 %)."""
+    The envelope less the offset less the light floor m F (m the SUPPORT_QUANTILE of what is left over F: the
+    dimmest tiles' light stays light), smoothed by ENVELOPE_SIGMA (such light is smooth, nuclei are not).
+    Measured on ../shared/realdata/wsi_brain (63 tiles of 512 px; the minimum over the tiles is highest in two
+    corners, where the flatfield is lowest: stray light of up to ~550 counts): the overlaps chose the envelope;
+    with the offset alone subtracted, each overlap's two corrected readings were 7.4 % apart (median |log
+    ratio|), with this part too 2.8 % (the flatfield fitted with the offset alone and that subtracted: 3.4 %;
+    basicpy 2.0.0's flat- and darkfield: 4.0 %)."""
     flat = np.asarray(flat, np.float64) / float(np.mean(flat))
-    e = offset_envelope(tiles, scale) - offset
+    e = np.asarray(low, np.float64) - offset
     m = np.quantile(e / flat, SUPPORT_QUANTILE)
     return np.maximum(ndimage.gaussian_filter(e - m * flat, ENVELOPE_SIGMA, mode="nearest"), 0).astype(np.float32)
 
@@ -695,12 +695,15 @@ def first_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndar
 
 
 def shade_with_offset(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray, pairs, scale,
-                      offset: ChannelOffset) -> PlaneShading:
+                      offset: ChannelOffset, low: np.ndarray | None = None) -> PlaneShading:
     """A plane's flatfield refined with its channel's fitted offset or its envelope subtracted; its darkfield the
     offset, and where the envelope was chosen the envelope's excess over it too (``envelope_excess``): the output
-    is corrected with the additive term its flatfield was fitted with."""
+    is corrected with the additive term its flatfield was fitted with. ``low``: the plane's ``offset_envelope``
+    where the caller has it (the offset was fitted to it), else made here."""
     flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": offset.image}, pairs, scale)
-    light = envelope_excess(tiles, scale, offset.image, flat) if ref.additive == "envelope" else 0.0
+    light = 0.0
+    if ref.additive == "envelope":
+        light = envelope_excess(offset_envelope(tiles, scale) if low is None else low, offset.image, flat)
     return PlaneShading(flat, offset.image + light, ref, "fitted", offset.light_floor, offset.uncertain,
                         float(np.mean(light)))
 
@@ -718,8 +721,9 @@ def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray 
     if known_offset is not None:                  # a dark frame holds the camera, not light added on the sensor
         known_offset = np.asarray(known_offset, np.float32)
         flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": known_offset}, pairs, scale)
-        light = envelope_excess(tiles, scale, known_offset, flat) if ref.additive == "envelope" else 0.0
+        light = envelope_excess(offset_envelope(tiles, scale), known_offset, flat) if ref.additive == "envelope" \
+            else 0.0
         return PlaneShading(flat, known_offset + light, ref, "given", added_light=float(np.mean(light)))
-    offset = estimate_channel_offset([offset_envelope(tiles, scale)],
-                                     [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
-    return shade_with_offset(tiles, basic_flat, envelope, pairs, scale, offset)
+    low = offset_envelope(tiles, scale)
+    offset = estimate_channel_offset([low], [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
+    return shade_with_offset(tiles, basic_flat, envelope, pairs, scale, offset, low)

@@ -283,7 +283,7 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
         return xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]), envelope(i)
 
     mine = {ch: [i for i, (c, _) in enumerate(planes) if c == ch] for ch in fitted}
-    offsets = _channel_offsets(ctx, mine, inputs, envelope, pairs, scale)
+    offsets, lows = _channel_offsets(ctx, mine, inputs, envelope, pairs, scale)
     for ch, off in offsets.items():
         log.info("CH%d: camera offset %.1f counts (%s; standard error %.1f over %d planes and the field; each "
                  "plane alone %s), dimmest light floor %.0f counts", ch, float(off.image.mean()), off.model,
@@ -298,7 +298,7 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
     def one(i):
         ch = planes[i][0]
         if ch in offsets:
-            return shading.shade_with_offset(*inputs(i), pairs, scale, offsets[ch])
+            return shading.shade_with_offset(*inputs(i), pairs, scale, offsets[ch], lows[i])
         return shading.shade_plane(*inputs(i), pairs, scale, None if given[ch] is None else given[ch][1])
 
     shades = list(ctx.pool.map(one, range(len(planes))))
@@ -321,12 +321,13 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
     return shades, record
 
 
-def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale) -> dict:
+def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale) -> tuple[dict, dict]:
     """One camera offset per channel, from all its planes at once (``mine``: {channel: plane indices};
     ``inputs(i)``: a plane's host tiles, BaSiC flatfield and envelope; ``envelope(i)``: the envelope alone):
     each plane's first flatfield (its envelope subtracted) and the envelope the offset is fitted to
     (``shading.offset_envelope``: of tiles averaged enough), then the channels side by side; where a channel's
-    offset is not certain, its planes' overlaps are asked (``shading.with_overlaps``)."""
+    offset is not certain, its planes' overlaps are asked (``shading.with_overlaps``). Returns the offsets and
+    each plane's envelope they were fitted to (for the envelope's excess, ``shading.shade_with_offset``)."""
     planes = [i for ch in mine for i in mine[ch]]
 
     def first_and_low(i):               # one copy of the plane's inputs to the host for both
@@ -347,7 +348,7 @@ def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale
         for ch in ask:
             offsets[ch] = shading.with_overlaps(offsets[ch], [envelope(i) for i in mine[ch]],
                                                 [found[i] for i in mine[ch]])
-    return offsets
+    return offsets, lows
 
 
 def _shading_record(sh) -> dict:
