@@ -18,10 +18,11 @@ positions of the accepted pairs:
    K, corrected by a polynomial of the same degree fitted to r (weighted by counts, robust
    against misregistered or moving objects), with a ridge toward BaSiC's projection where the
    overlaps say little (the middle of the tile is in no overlap).
-3. K, the ridge and which additive term to subtract (the envelope of the dim tiles, which
-   holds sensor-fixed stray light, or the camera offset) are chosen by 4-fold cross-validation
-   over the pairs: the held-out pairs' median |r - model| decides, and the simplest candidate
-   within one standard error of the best is taken.
+3. K, the ridge and which additive term to subtract (the camera offset, or the envelope of the dim
+   tiles, which holds sensor-fixed stray light) are chosen by 4-fold cross-validation over the pairs:
+   the held-out pairs' median |r - model| in units of its shot noise decides. The envelope is taken
+   only where it scores clearly better than the offset; then the simplest candidate within one
+   standard error of the best.
 4. A plane with too few overlap samples (its pairs rejected) keeps BaSiC's flatfield on the same model
    (``smooth_flatfield``): the texture BaSiC leaves finer than that is the specimen's.
 
@@ -69,6 +70,7 @@ MAX_SAMPLES = 30000              # overlap samples used per plane (evenly thinne
 ROBUST_C = 3.0                   # Cauchy weight scale, in robust stds of the residual
 ENVELOPE_SIGMA = 6.0             # the low envelope smoothed further (working-size px): offsets are smooth, nuclei not
 SUPPORT_QUANTILE = 0.05          # the offset model lies under this fraction of the envelope
+CLEARLY_BETTER = 3.0             # standard errors by which a later additive term must score better to be taken
 GRID = 32                        # the envelope is fitted on GRID x GRID block means
 
 
@@ -133,14 +135,20 @@ def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin:
     return np.concatenate(parts, axis=1) if parts else np.zeros((7, 0))
 
 
-def _design(s: np.ndarray, shape, degree: int):
+def _design(s: np.ndarray, shape, degree: int, subtracted=(0.0, 0.0)):
+    """(design, log ratios, weights (mean 1), pair index, noise) of the overlap samples ``s``; noise: each log
+    ratio's standard deviation from the shot noise (counts as photons: one scale for every candidate).
+    ``subtracted``: the light taken off each reading with the additive term, above the camera's offset (at a, b):
+    a reading's shot noise is that of all the light it held, the part subtracted included."""
     def norm(v, n):
         return 2 * v / (n - 1) - 1
     ya, xa, yb, xb, ca, cb, pair = s
     A = _basis(norm(ya, shape[0]), norm(xa, shape[1]), degree) - _basis(norm(yb, shape[0]), norm(xb, shape[1]), degree)
     r = np.log(ca) - np.log(cb)
-    w = ca * cb / (ca + cb)          # inverse variance of r for Poisson counts
-    return A[:, 1:], r, w / w.mean(), pair.astype(int)
+    ea, eb = subtracted
+    variance = (ca + ea) / ca ** 2 + (cb + eb) / cb ** 2
+    w = 1.0 / variance
+    return A[:, 1:], r, w / w.mean(), pair.astype(int), np.sqrt(variance)
 
 
 def _robust_weights(A, r, w, iterations: int = 3) -> np.ndarray:
@@ -162,8 +170,26 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float(values[order][np.searchsorted(cw, 0.5 * cw[-1])])
 
 
-def _cv_candidates(A, r, wt, pair, prior, degrees, ridges):
-    """[(mean held-out score, its standard error, degree, ridge)] for every candidate."""
+class _Overlaps(NamedTuple):
+    """A plane's overlap samples with one additive term subtracted, as the flatfield is fitted to them."""
+
+    samples: np.ndarray          # overlap_samples
+    design: np.ndarray           # the log-flatfield's basis at a less at b
+    ratios: np.ndarray           # log ratios of the two readings
+    weights: np.ndarray          # inverse shot-noise variance (mean 1) times Cauchy weights (_robust_weights)
+    pair: np.ndarray             # each sample's pair index
+    noise: np.ndarray            # each log ratio's shot-noise standard deviation (_design)
+    robust: np.ndarray           # the Cauchy weights alone
+
+
+def _cv_candidates(d: _Overlaps, prior, degrees, ridges):
+    """[(mean held-out score, its standard error, degree, ridge)] for every candidate. The score: the
+    held-out samples' median |r - model| in units of their shot noise (Cauchy-weighted), so that additive
+    terms are compared in one currency: subtracting more leaves a dimmer reading whose log ratio is noisier,
+    with the same photons. (In log units, a sparse marker's overlaps -- background, mostly -- read closer the
+    less was subtracted, and a flatfield of degree 6 bent to hold 135 counts of stray light in one corner
+    scored better than the truth: plex_bias's stray regime, 15 % flatfield error, +27 counts.)"""
+    A, r, wt, pair = d.design, d.ratios, d.weights, d.pair
     fold = pair % FOLDS
     out = []
     grams = []
@@ -182,18 +208,25 @@ def _cv_candidates(A, r, wt, pair, prior, degrees, ridges):
                     continue
                 reg = ridge * n * np.eye(m)
                 c = np.linalg.solve(G[:m, :m] + reg, g[:m] + reg @ prior[:m])
-                scores.append(_weighted_median(np.abs(r[held] - A[held, :m] @ c), wt[held]))
+                scores.append(_weighted_median(np.abs(r[held] - A[held, :m] @ c) / d.noise[held], d.robust[held]))
             out.append((float(np.mean(scores)), float(np.std(scores) / np.sqrt(len(scores))), degree, ridge))
     return out
 
 
-def _overlap_design(tiles, additive, pairs, scale, shape):
-    """(samples, design, log ratios, robust weights, pair index), or None with too few samples."""
+def _overlap_design(tiles, additive, pairs, scale, shape, camera=None) -> _Overlaps | None:
+    """The overlap samples with ``additive`` subtracted, as fitted (``_Overlaps``), or None with too few samples.
+    ``camera``: the camera's offset where known: what ``additive`` holds above it is light, whose shot noise the
+    readings keep."""
     s = overlap_samples(tiles, additive, pairs, scale)
     if s.shape[1] < MIN_SAMPLES:
         return None
-    A, r, w, pair = _design(s, shape, max(DEGREES))
-    return s, A, r, _robust_weights(A, r, w), pair
+    subtracted = (0.0, 0.0)
+    if camera is not None:
+        light = np.maximum(np.asarray(additive, np.float64) - camera, 0)
+        subtracted = tuple(ndimage.map_coordinates(light, [s[i], s[i + 1]], order=1) for i in (0, 2))
+    A, r, w, pair, noise = _design(s, shape, max(DEGREES), subtracted)
+    wt = _robust_weights(A, r, w)
+    return _Overlaps(s, A, r, wt, pair, noise, wt / w)
 
 
 def _seam(s: np.ndarray, r: np.ndarray, wt: np.ndarray, flat: np.ndarray) -> float:
@@ -228,31 +261,39 @@ def _flat_of(log_f: np.ndarray, shape) -> np.ndarray:
     return (f / f.mean()).astype(np.float32)
 
 
-def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict, pairs, scale) -> tuple:
+def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict, pairs, scale,
+                     camera: np.ndarray | None = None) -> tuple:
     """The plane's flatfield (working size, mean 1) refined on the overlaps; see the module doc.
 
     ``tiles``: (N, ws, ws) working-size tiles (host); ``basic_flat``: BaSiC's flatfield (ws, ws);
-    ``additives``: {"envelope": .., "offset": ..} candidate additive terms (ws, ws), in order of
-    preference when they tie. Returns (flatfield, Refinement)."""
+    ``additives``: {"offset": .., "envelope": ..} candidate additive terms (ws, ws), the simplest first: a later
+    one is taken only where its best score is below the one taken so far by CLEARLY_BETTER combined standard
+    errors (the envelope's excess over the camera, ``envelope_excess``, is then subtracted from the output too:
+    stray light it is, where the overlaps need it; a dense stain's dimmest tiles' specimen it would be, where
+    they do not); ``camera``: the camera's offset where known. What a candidate subtracts above
+    the camera is light, and its shot noise stays in the readings: the log ratios are weighted and scored by
+    it (``_design``, ``_cv_candidates``). Returns (flatfield, Refinement)."""
     shape = basic_flat.shape
     B, coeffs = _projection(basic_flat)
     prior = coeffs[1:]                                           # BaSiC's shape, as polynomial coefficients
-    candidates = []
-    for rank, (name, add) in enumerate(additives.items()):     # designs are rebuilt, not kept: memory
-        design = _overlap_design(tiles, add, pairs, scale, shape)
-        if design is None:
-            continue
-        s, A, r, wt, pair = design
-        candidates += [c + (rank, name) for c in _cv_candidates(A, r, wt, pair, prior, DEGREES, RIDGES)]
-        del s, A, r, wt, pair, design
-    if not candidates:
+    scored = {}
+    for name, add in additives.items():                          # designs are rebuilt, not kept: memory
+        design = _overlap_design(tiles, add, pairs, scale, shape, camera)
+        if design is not None:
+            scored[name] = _cv_candidates(design, prior, DEGREES, RIDGES)
+        del design
+    if not scored:
         # no overlaps: BaSiC on the model (smooth_flatfield, its projection already made)
         return _flat_of(B @ coeffs, shape), Refinement(None, 0.0, "", 0, float("nan"), float("nan"))
-    best = min(candidates, key=lambda c: c[0])
+    name = next(iter(scored))
+    for other in scored:                                         # a later additive term: only where clearly better
+        mine, theirs = min(scored[name]), min(scored[other])
+        if theirs[0] < mine[0] - CLEARLY_BETTER * np.hypot(mine[1], theirs[1]):
+            name = other
+    best = min(scored[name])
     # the simplest within one standard error of the best: lowest degree, strongest pull to BaSiC
-    _, _, degree, ridge, _, name = min((c for c in candidates if c[0] <= best[0] + best[1]),
-                                       key=lambda c: (c[2], -c[3], c[4]))
-    s, A, r, wt, _ = _overlap_design(tiles, additives[name], pairs, scale, shape)
+    _, _, degree, ridge = min((c for c in scored[name] if c[0] <= best[0] + best[1]), key=lambda c: (c[2], -c[3]))
+    s, A, r, wt = _overlap_design(tiles, additives[name], pairs, scale, shape, camera)[:4]
     m = _terms(degree) - 1
     reg = ridge * len(r) * np.eye(m)
     Aw = A[:, :m] * wt[:, None]
@@ -700,7 +741,8 @@ def shade_with_offset(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.nd
     offset, and where the envelope was chosen the envelope's excess over it too (``envelope_excess``): the output
     is corrected with the additive term its flatfield was fitted with. ``low``: the plane's ``offset_envelope``
     where the caller has it (the offset was fitted to it), else made here."""
-    flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": offset.image}, pairs, scale)
+    flat, ref = refine_flatfield(tiles, basic_flat, {"offset": offset.image, "envelope": envelope}, pairs, scale,
+                                 offset.image)
     light = 0.0
     if ref.additive == "envelope":
         light = envelope_excess(offset_envelope(tiles, scale) if low is None else low, offset.image, flat)
@@ -720,7 +762,8 @@ def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray 
         return PlaneShading(flat, zero, ref, "off")
     if known_offset is not None:                  # a dark frame holds the camera, not light added on the sensor
         known_offset = np.asarray(known_offset, np.float32)
-        flat, ref = refine_flatfield(tiles, basic_flat, {"envelope": envelope, "offset": known_offset}, pairs, scale)
+        flat, ref = refine_flatfield(tiles, basic_flat, {"offset": known_offset, "envelope": envelope}, pairs, scale,
+                                     known_offset)
         light = envelope_excess(offset_envelope(tiles, scale), known_offset, flat) if ref.additive == "envelope" \
             else 0.0
         return PlaneShading(flat, known_offset + light, ref, "given", added_light=float(np.mean(light)))
