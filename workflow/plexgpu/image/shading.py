@@ -105,12 +105,14 @@ class Refinement:
     seam_after: float            # ... with the refined one
 
 
-def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin: int = MAX_SAMPLES):
+def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin: int = MAX_SAMPLES,
+                    above: np.ndarray | None = None):
     """(ya, xa, yb, xb, ca, cb, pair): working-size coordinates of each overlap sample in tile a and
     b, the two readings minus ``additive`` and the pair's index; at most about ``thin`` samples,
     every k-th of each pair's overlap (thinned before anything is copied: memory). ``pairs``:
     (a, b, (dy, dx)) with b's top-left relative to a's in full-resolution px; ``scale``: working
-    size / tile size per axis."""
+    size / tile size per axis. The samples kept: both readings above ``additive``, or above ``above``
+    where given (the highest of several candidate additive terms: each is then scored on the same points)."""
     n, hs, wsx = tiles.shape
     yy, xx = np.mgrid[0:hs, 0:wsx].astype(np.float64)
     inner = (yy >= 1) & (yy <= hs - 2) & (xx >= 1) & (xx <= wsx - 2)   # the outermost working px averages
@@ -128,9 +130,11 @@ def overlap_samples(tiles: np.ndarray, additive: np.ndarray, pairs, scale, thin:
             continue
         ya, xa = yy.ravel()[idx], xx.ravel()[idx]
         yb, xb = ya - dy * scale[0], xa - dx * scale[1]
-        ca = tiles[a].ravel()[idx] - additive.ravel()[idx]
-        cb = ndimage.map_coordinates(tiles[b], [yb, xb], order=1) - ndimage.map_coordinates(additive, [yb, xb], order=1)
-        ok = (ca > 0) & (cb > 0)
+        ra, rb = tiles[a].ravel()[idx], ndimage.map_coordinates(tiles[b], [yb, xb], order=1)
+        ca = ra - additive.ravel()[idx]
+        cb = rb - ndimage.map_coordinates(additive, [yb, xb], order=1)
+        ok = (ca > 0) & (cb > 0) if above is None else (
+            (ra > above.ravel()[idx]) & (rb > ndimage.map_coordinates(above, [yb, xb], order=1)))
         parts.append(np.stack([ya[ok], xa[ok], yb[ok], xb[ok], ca[ok], cb[ok], np.full(int(ok.sum()), k)]))
     return np.concatenate(parts, axis=1) if parts else np.zeros((7, 0))
 
@@ -183,12 +187,14 @@ class _Overlaps(NamedTuple):
 
 
 def _cv_candidates(d: _Overlaps, prior, degrees, ridges):
-    """[(mean held-out score, its standard error, degree, ridge)] for every candidate. The score: the
-    held-out samples' median |r - model| in units of their shot noise (Cauchy-weighted), so that additive
-    terms are compared in one currency: subtracting more leaves a dimmer reading whose log ratio is noisier,
-    with the same photons. (In log units, a sparse marker's overlaps -- background, mostly -- read closer the
-    less was subtracted, and a flatfield of degree 6 bent to hold 135 counts of stray light in one corner
-    scored better than the truth: plex_bias's stray regime, 15 % flatfield error, +27 counts.)"""
+    """[(mean held-out score, its standard error, degree, ridge, mean score in the noise, its standard error)]
+    for every candidate. The score: the held-out samples' weighted median |r - model| (log units; it chooses
+    the degree and ridge). In the noise: their median |r - model| in units of each sample's shot noise
+    (Cauchy-weighted; it chooses the additive term, ``refine_flatfield``): additive terms compared in one
+    currency, since subtracting more leaves a dimmer reading whose log ratio is noisier, with the same photons.
+    (In log units, a sparse marker's overlaps -- background, mostly -- read closer the less was subtracted, and
+    a flatfield of degree 6 bent to hold 135 counts of stray light in one corner scored better than the truth:
+    plex_bias's stray regime, 15 % flatfield error, +27 counts.)"""
     A, r, wt, pair = d.design, d.ratios, d.weights, d.pair
     fold = pair % FOLDS
     out = []
@@ -200,7 +206,7 @@ def _cv_candidates(d: _Overlaps, prior, degrees, ridges):
     for degree in degrees:
         m = _terms(degree) - 1
         for ridge in ridges:
-            scores = []
+            scores, in_noise = [], []
             for k in range(FOLDS):
                 G, g, n = grams[k]
                 held = fold == k
@@ -208,16 +214,19 @@ def _cv_candidates(d: _Overlaps, prior, degrees, ridges):
                     continue
                 reg = ridge * n * np.eye(m)
                 c = np.linalg.solve(G[:m, :m] + reg, g[:m] + reg @ prior[:m])
-                scores.append(_weighted_median(np.abs(r[held] - A[held, :m] @ c) / d.noise[held], d.robust[held]))
-            out.append((float(np.mean(scores)), float(np.std(scores) / np.sqrt(len(scores))), degree, ridge))
+                res = np.abs(r[held] - A[held, :m] @ c)
+                scores.append(_weighted_median(res, wt[held]))
+                in_noise.append(_weighted_median(res / d.noise[held], d.robust[held]))
+            out.append((float(np.mean(scores)), float(np.std(scores) / np.sqrt(len(scores))), degree, ridge,
+                        float(np.mean(in_noise)), float(np.std(in_noise) / np.sqrt(len(in_noise)))))
     return out
 
 
-def _overlap_design(tiles, additive, pairs, scale, shape, camera=None) -> _Overlaps | None:
+def _overlap_design(tiles, additive, pairs, scale, shape, camera=None, above=None) -> _Overlaps | None:
     """The overlap samples with ``additive`` subtracted, as fitted (``_Overlaps``), or None with too few samples.
     ``camera``: the camera's offset where known: what ``additive`` holds above it is light, whose shot noise the
-    readings keep."""
-    s = overlap_samples(tiles, additive, pairs, scale)
+    readings keep; ``above``: as ``overlap_samples``."""
+    s = overlap_samples(tiles, additive, pairs, scale, above=above)
     if s.shape[1] < MIN_SAMPLES:
         return None
     subtracted = (0.0, 0.0)
@@ -276,9 +285,13 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
     shape = basic_flat.shape
     B, coeffs = _projection(basic_flat)
     prior = coeffs[1:]                                           # BaSiC's shape, as polynomial coefficients
+    # every candidate on the same points, those above all of them: a reading the envelope leaves barely above 0
+    # is kept only where its noise happened to be high (a Blank marker's plane took the envelope so, 10 % wrong)
+    above = np.maximum.reduce([np.asarray(a, np.float64) for a in additives.values()]) if len(additives) > 1 \
+        else None
     scored = {}
     for name, add in additives.items():                          # designs are rebuilt, not kept: memory
-        design = _overlap_design(tiles, add, pairs, scale, shape, camera)
+        design = _overlap_design(tiles, add, pairs, scale, shape, camera, above)
         if design is not None:
             scored[name] = _cv_candidates(design, prior, DEGREES, RIDGES)
         del design
@@ -287,13 +300,13 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
         return _flat_of(B @ coeffs, shape), Refinement(None, 0.0, "", 0, float("nan"), float("nan"))
     name = next(iter(scored))
     for other in scored:                                         # a later additive term: only where clearly better
-        mine, theirs = min(scored[name]), min(scored[other])
+        mine, theirs = (min(c[4:6] for c in scored[n]) for n in (name, other))
         if theirs[0] < mine[0] - CLEARLY_BETTER * np.hypot(mine[1], theirs[1]):
             name = other
     best = min(scored[name])
     # the simplest within one standard error of the best: lowest degree, strongest pull to BaSiC
-    _, _, degree, ridge = min((c for c in scored[name] if c[0] <= best[0] + best[1]), key=lambda c: (c[2], -c[3]))
-    s, A, r, wt = _overlap_design(tiles, additives[name], pairs, scale, shape, camera)[:4]
+    degree, ridge = min((c for c in scored[name] if c[0] <= best[0] + best[1]), key=lambda c: (c[2], -c[3]))[2:4]
+    s, A, r, wt = _overlap_design(tiles, additives[name], pairs, scale, shape, camera, above)[:4]
     m = _terms(degree) - 1
     reg = ridge * len(r) * np.eye(m)
     Aw = A[:, :m] * wt[:, None]
