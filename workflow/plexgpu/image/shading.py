@@ -186,15 +186,18 @@ class _Overlaps(NamedTuple):
     robust: np.ndarray           # the Cauchy weights alone
 
 
-def _cv_candidates(d: _Overlaps, prior, degrees, ridges):
+def _cv_candidates(d: _Overlaps, prior, degrees, ridges, in_noise: bool = True):
     """[(mean held-out score, its standard error, degree, ridge, mean score in the noise, its standard error)]
-    for every candidate. The score: the held-out samples' weighted median |r - model| (log units; it chooses
-    the degree and ridge). In the noise: their median |r - model| in units of each sample's shot noise
-    (Cauchy-weighted; it chooses the additive term, ``refine_flatfield``): additive terms compared in one
-    currency, since subtracting more leaves a dimmer reading whose log ratio is noisier, with the same photons.
-    (In log units, a sparse marker's overlaps -- background, mostly -- read closer the less was subtracted, and
-    a flatfield of degree 6 bent to hold 135 counts of stray light in one corner scored better than the truth:
-    plex_bias's stray regime, 15 % flatfield error, +27 counts.)"""
+    for every candidate (``in_noise`` false: those two nan, not computed -- one additive term, nothing to
+    choose between; a weighted median per fold and candidate is host time while the job holds its GPU).
+
+    The score: the held-out samples' weighted median |r - model| (log units; it chooses the degree and ridge).
+    In the noise: their median |r - model| in units of each sample's shot noise (Cauchy-weighted; it chooses
+    the additive term, ``refine_flatfield``): additive terms compared in one currency, since subtracting more
+    leaves a dimmer reading whose log ratio is noisier, with the same photons. (In log units, a sparse
+    marker's overlaps -- background, mostly -- read closer the less was subtracted, and a flatfield of degree
+    6 bent to hold 135 counts of stray light in one corner scored better than the truth: plex_bias's stray
+    regime, 15 % flatfield error, +27 counts.)"""
     A, r, wt, pair = d.design, d.ratios, d.weights, d.pair
     fold = pair % FOLDS
     out = []
@@ -206,7 +209,7 @@ def _cv_candidates(d: _Overlaps, prior, degrees, ridges):
     for degree in degrees:
         m = _terms(degree) - 1
         for ridge in ridges:
-            scores, in_noise = [], []
+            scores, noise_scores = [], []
             for k in range(FOLDS):
                 G, g, n = grams[k]
                 held = fold == k
@@ -216,9 +219,11 @@ def _cv_candidates(d: _Overlaps, prior, degrees, ridges):
                 c = np.linalg.solve(G[:m, :m] + reg, g[:m] + reg @ prior[:m])
                 res = np.abs(r[held] - A[held, :m] @ c)
                 scores.append(_weighted_median(res, wt[held]))
-                in_noise.append(_weighted_median(res / d.noise[held], d.robust[held]))
-            out.append((float(np.mean(scores)), float(np.std(scores) / np.sqrt(len(scores))), degree, ridge,
-                        float(np.mean(in_noise)), float(np.std(in_noise) / np.sqrt(len(in_noise)))))
+                if in_noise:
+                    noise_scores.append(_weighted_median(res / d.noise[held], d.robust[held]))
+            noise = (float(np.mean(noise_scores)), float(np.std(noise_scores) / np.sqrt(len(noise_scores)))) \
+                if in_noise else (float("nan"), float("nan"))
+            out.append((float(np.mean(scores)), float(np.std(scores) / np.sqrt(len(scores))), degree, ridge) + noise)
     return out
 
 
@@ -293,7 +298,7 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
     for name, add in additives.items():                          # designs are rebuilt, not kept: memory
         design = _overlap_design(tiles, add, pairs, scale, shape, camera, above)
         if design is not None:
-            scored[name] = _cv_candidates(design, prior, DEGREES, RIDGES)
+            scored[name] = _cv_candidates(design, prior, DEGREES, RIDGES, in_noise=len(additives) > 1)
         del design
     if not scored:
         # no overlaps: BaSiC on the model (smooth_flatfield, its projection already made)
