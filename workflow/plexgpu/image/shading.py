@@ -740,11 +740,8 @@ class PlaneShading:
     light_floor: float = 0.0     # light the dimmest tiles carry above the fitted offset (mean counts)
     offset_uncertain: bool = False
     added_light: float = 0.0     # mean counts of the envelope's excess (``envelope_excess``), in the darkfield too
-
-    @property
-    def offset_mean(self) -> float:
-        """The camera offset's mean (counts): the darkfield less the envelope's excess."""
-        return float(self.darkfield.mean()) - self.added_light
+    offset_mean: float = 0.0     # the camera offset's mean (counts), from the offset itself: the same number on every
+                                 # plane of a channel (the darkfield's mean less the excess differs in float32 rounding)
 
 
 def first_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray, pairs, scale) -> np.ndarray:
@@ -765,7 +762,7 @@ def shade_with_offset(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.nd
     if ref.additive == "envelope":
         light = envelope_excess(offset_envelope(tiles, scale) if low is None else low, offset.image, flat)
     return PlaneShading(flat, offset.image + light, ref, "fitted", offset.light_floor, offset.uncertain,
-                        float(np.mean(light)))
+                        float(np.mean(light)), float(offset.image.mean()))
 
 
 def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray | None, pairs, scale,
@@ -784,7 +781,8 @@ def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray 
                                      known_offset)
         light = envelope_excess(offset_envelope(tiles, scale), known_offset, flat) if ref.additive == "envelope" \
             else 0.0
-        return PlaneShading(flat, known_offset + light, ref, "given", added_light=float(np.mean(light)))
+        return PlaneShading(flat, known_offset + light, ref, "given", added_light=float(np.mean(light)),
+                            offset_mean=float(known_offset.mean()))
     low = offset_envelope(tiles, scale)
     offset = estimate_channel_offset([low], [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
     return shade_with_offset(tiles, basic_flat, envelope, pairs, scale, offset, low)
