@@ -25,15 +25,21 @@ def _plane(ds, z=2, seed=0, channel=1):
     return np.stack(raw).astype(np.float32)
 
 
-def _shade(ds, z=2, **kw):
+def _pairs_and_scale(ds):
+    """The grid's neighbour pairs at the true positions (a, b, b's offset from a) and the working-size scale."""
     spec = ds.spec
+    pos = ds.positions[0]
+    pairs = [(p.a, p.b, np.subtract(pos[p.b], pos[p.a]))
+             for p in neighbour_pairs(grid_layout(spec.rows, spec.cols, spec.order))]
+    return pairs, (128 / spec.tile[0], 128 / spec.tile[1])
+
+
+def _shade(ds, z=2, **kw):
     small = basic.downsample(_plane(ds, z), 128)
     fit = basic.fit_batch(small[None], basic.BasicParams())
-    pos = ds.positions[0]
-    layout = grid_layout(spec.rows, spec.cols, spec.order)
-    pairs = [(p.a, p.b, np.subtract(pos[p.b], pos[p.a])) for p in neighbour_pairs(layout)]
+    pairs, scale = _pairs_and_scale(ds)
     sh = shading.shade_plane(small.astype(np.float64), fit.flatfield[0], fit.darkfield[0].astype(np.float64), pairs,
-                             (128 / spec.tile[0], 128 / spec.tile[1]), **kw)
+                             scale, **kw)
     truth_flat = basic.downsample(ds.flatfield(1, z)[None], 128)[0]
     truth_dark = basic.downsample(ds.darkfield(1, z)[None], 128)[0]
     def err(f):
@@ -140,11 +146,7 @@ def test_stray_light_on_a_sparse_marker_is_not_bent_into_the_flatfield():
     ds = SynthDataset(SynthSpec(**{**BASE, "rows": 4, "cols": 5, "z_planes": 5, "channels": 2, "jitter_px": 2.0,
                                    "rotation_deg": 0.0, "vignetting": 0.45, "seed": 5, "sparse_fraction": 0.03,
                                    "stray_light": 150.0}))
-    spec = ds.spec
-    pos = ds.positions[0]
-    pairs = [(p.a, p.b, np.subtract(pos[p.b], pos[p.a]))
-             for p in neighbour_pairs(grid_layout(spec.rows, spec.cols, spec.order))]
-    scale = (128 / spec.tile[0], 128 / spec.tile[1])
+    pairs, scale = _pairs_and_scale(ds)
     camera = basic.downsample(ds.darkfield(2, 1)[None], 128)[0]
     light = basic.downsample(ds.stray(2)[None], 128)[0]
     for z in (1, 5):
@@ -232,10 +234,7 @@ def test_a_dense_stain_gives_the_offset_through_its_overlaps(regime):
     within 10 counts, and not flagged."""
     ds = SynthDataset(SynthSpec(**{**BASE, "nuclei_density": 3.0, "tissue_fraction": 1.0, **regime}))
     spec = ds.spec
-    pos = ds.positions[0]
-    pairs = [(p.a, p.b, np.subtract(pos[p.b], pos[p.a]))
-             for p in neighbour_pairs(grid_layout(spec.rows, spec.cols, spec.order))]
-    scale = (128 / spec.tile[0], 128 / spec.tile[1])
+    pairs, scale = _pairs_and_scale(ds)
     envelopes, firsts, overlaps = [], [], []
     for z in range(1, spec.z_planes + 1):
         small = basic.downsample(_plane(ds, z, seed=z), 128)
@@ -264,10 +263,7 @@ def test_overlaps_that_give_no_offset_are_not_taken():
     ds = SynthDataset(SynthSpec(**{**BASE, "rows": 4, "cols": 5, "z_planes": 5, "jitter_px": 2.0, "rotation_deg": 0.0,
                                    "vignetting": 0.45, "seed": 5, "sparse_fraction": 0.03, "stray_light": 150.0}))
     spec = ds.spec
-    pos = ds.positions[0]
-    pairs = [(p.a, p.b, np.subtract(pos[p.b], pos[p.a]))
-             for p in neighbour_pairs(grid_layout(spec.rows, spec.cols, spec.order))]
-    scale = (128 / spec.tile[0], 128 / spec.tile[1])
+    pairs, scale = _pairs_and_scale(ds)
     envelopes, lows, firsts, overlaps = [], [], [], []
     for z in range(1, spec.z_planes + 1):
         small = basic.downsample(_plane(ds, z, seed=z), 128)

@@ -294,12 +294,12 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
     # is kept only where its noise happened to be high (a Blank marker's plane took the envelope so, 10 % wrong)
     above = np.maximum.reduce([np.asarray(a, np.float64) for a in additives.values()]) if len(additives) > 1 \
         else None
-    scored = {}
-    for name, add in additives.items():                          # designs are rebuilt, not kept: memory
+    designs, scored = {}, {}
+    for name, add in additives.items():       # kept for the fit: two of ~7 MB (30000 samples x 28 terms)
         design = _overlap_design(tiles, add, pairs, scale, shape, camera, above)
         if design is not None:
+            designs[name] = design
             scored[name] = _cv_candidates(design, prior, DEGREES, RIDGES, in_noise=len(additives) > 1)
-        del design
     if not scored:
         # no overlaps: BaSiC on the model (smooth_flatfield, its projection already made)
         return _flat_of(B @ coeffs, shape), Refinement(None, 0.0, "", 0, float("nan"), float("nan"))
@@ -311,7 +311,7 @@ def refine_flatfield(tiles: np.ndarray, basic_flat: np.ndarray, additives: dict,
     best = min(scored[name])
     # the simplest within one standard error of the best: lowest degree, strongest pull to BaSiC
     degree, ridge = min((c for c in scored[name] if c[0] <= best[0] + best[1]), key=lambda c: (c[2], -c[3]))[2:4]
-    s, A, r, wt = _overlap_design(tiles, additives[name], pairs, scale, shape, camera, above)[:4]
+    s, A, r, wt = designs[name][:4]
     m = _terms(degree) - 1
     reg = ridge * len(r) * np.eye(m)
     Aw = A[:, :m] * wt[:, None]
