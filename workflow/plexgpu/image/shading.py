@@ -71,6 +71,9 @@ ROBUST_C = 3.0                   # Cauchy weight scale, in robust stds of the re
 ENVELOPE_SIGMA = 6.0             # the low envelope smoothed further (working-size px): offsets are smooth, nuclei not
 SUPPORT_QUANTILE = 0.05          # the offset model lies under this fraction of the envelope
 CLEARLY_BETTER = 3.0             # standard errors by which a later additive term must score better to be taken
+FAR_ABOVE = 5.0                  # the envelope's blocks above the support's median residual by more than this many
+                                 # robust spreads are left out of it (_support_fit): light the model does not hold
+FAR_ABOVE_ROUNDS = 10            # refits at most, until the blocks left out no longer change
 GRID = 32                        # the envelope is fitted on GRID x GRID block means
 
 
@@ -416,14 +419,18 @@ class _Support(NamedTuple):
     offset: np.ndarray           # affine (c0, cy, cx)
     light: np.ndarray            # m_z per plane kept
     coefficients: np.ndarray     # the fit's own: per column intercepts (or c0, cx), cy, m_z: a resample's start
+    far: np.ndarray              # (planes, blocks) the blocks left out of the fit, far above it (_support_fit)
 
 
-def _joint_fit(parts, keep, blocks=None, per_column: bool = True, start: np.ndarray | None = None) -> _Support:
+def _joint_fit(parts, keep, blocks=None, per_column: bool = True, start: np.ndarray | None = None,
+               far: np.ndarray | None = None) -> _Support:
     """Shared offset and a light level m_z >= 0 per plane, the SUPPORT_QUANTILE lower support of the planes
     ``keep`` together: envelope_z(y, x) = o(x) + cy y + m_z flatfield_z(y, x), with a free o per column of
     blocks. Returns the affine offset (c0, cy, cx): the line through the o's, and the m_z. ``blocks``: the
     block indices used (repeats allowed), default all; ``start``: the coefficients of a fit of nearly the
-    same data (the full data, for a resample of it), where the iterations begin.
+    same data (the full data, for a resample of it), where the iterations begin; ``far``: (len(keep), blocks) the
+    blocks to leave out (those a fit of the full data left out, for a resample of it), default found here
+    (``_support_fit``).
 
     Free per column because the camera's fixed pattern is per column (an sCMOS sensor reads each column
     through its own amplifier): what ``defects.column_offsets`` leaves of it (its slow part, below
@@ -436,7 +443,7 @@ def _joint_fit(parts, keep, blocks=None, per_column: bool = True, start: np.ndar
     the pattern is not); the offset's gradient across x is the line through the columns' values.
     ``per_column`` false: one affine offset (c0 + cy y + cx x), the model that needs the least evidence."""
     columns = np.unique(parts[keep[0]][3]) if per_column else np.zeros(1)
-    rows, b = [], []
+    rows, b, left_out = [], [], []
     for j, k in enumerate(keep):
         L, F, yy, xx = parts[k]
         sel = np.arange(L.size) if blocks is None else blocks
@@ -447,23 +454,63 @@ def _joint_fit(parts, keep, blocks=None, per_column: bool = True, start: np.ndar
         slopes = yy[sel][:, None] if per_column else np.stack([yy[sel], xx[sel]], 1)
         rows.append(np.hstack([intercept, slopes, m]))
         b.append(L.ravel()[sel])
-    A, b = np.vstack(rows), np.concatenate(b)
+        left_out.append(np.zeros(sel.size, bool) if far is None else far[j][sel])
+    A, b, left_out = np.vstack(rows), np.concatenate(b), np.concatenate(left_out)
     n_offset = columns.size + (1 if per_column else 2)
-    present = np.concatenate([A[:, :columns.size].any(axis=0), [True] * (n_offset - columns.size + len(keep))])
+    present = np.concatenate([A[~left_out, :columns.size].any(axis=0), [True] * (n_offset - columns.size + len(keep))])
     free = present.copy()
     for _ in range(len(keep) + 1):                 # light cannot be negative: such a plane's light term is 0
         c = np.zeros(A.shape[1])
-        c[free] = _quantile_fit(A[:, free], b, SUPPORT_QUANTILE, start=None if start is None else start[free])
+        c[free], left_out = _support_fit(A[:, free], b, None if start is None else start[free], left_out,
+                                         find=far is None)
         negative = free & (c < 0)
         negative[:n_offset] = False
         if not negative.any():
             break
         free &= ~negative
+    if far is None and blocks is None:
+        far = left_out.reshape(len(keep), -1)
     if not per_column:
-        return _Support(c[:3], c[3:], c)
+        return _Support(c[:3], c[3:], c, far)
     seen = present[:columns.size]
     cx, c0 = np.polyfit(columns[seen], c[:columns.size][seen], 1) if seen.sum() > 1 else (0.0, c[:columns.size][seen][0])
-    return _Support(np.array([c0, c[columns.size], cx]), c[n_offset:], c)
+    return _Support(np.array([c0, c[columns.size], cx]), c[n_offset:], c, far)
+
+
+def _support_fit(A: np.ndarray, b: np.ndarray, start: np.ndarray | None, left_out: np.ndarray,
+                 find: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The SUPPORT_QUANTILE lower support of b given A (``_quantile_fit``), the blocks far above it left out: a
+    residual above the residuals' median by more than FAR_ABOVE robust spreads (1.4826 MAD) is light the model
+    (offset plus a light floor under the flatfield) does not hold -- stray light fixed to the sensor, glare --
+    and is refitted without, until the blocks left out no longer change. A column of A keeps its blocks where
+    leaving them out would leave it none (a sensor column under the light: its offset still has data).
+
+    Why: in a quantile fit every point above the support pulls it up (by SUPPORT_QUANTILE each), however far
+    above. Light in one corner pulls the support up into that corner and, the light floor taking the
+    difference, down elsewhere (plex_bias's stray regime: 135-150 counts of unshaded light in one corner; on
+    noise-free envelopes the offset 9.2 counts low, on the stage's own 12-13 low; with the light's blocks left
+    out 4.2-5.8 low). Where the envelope holds nothing far above (every other plex_bias regime) nothing is left
+    out and the offset is the same to 0.1 count.
+
+    ``left_out``: the rows to leave out from the start; ``find`` false: those and no others (a resample of data
+    whose blocks far above are known: one fit, not the rounds). Returns the coefficients and the rows left out."""
+    kept = ~left_out
+    c = _quantile_fit(A[kept], b[kept], SUPPORT_QUANTILE, start=start)
+    if not find:
+        return c, left_out
+    used = A != 0
+    for _ in range(FAR_ABOVE_ROUNDS):
+        r = b - A @ c
+        middle = float(np.median(r[kept]))
+        spread = 1.4826 * float(np.median(np.abs(r[kept] - middle)))
+        now = r <= middle + FAR_ABOVE * spread
+        bare = used[kept].any(axis=0) & ~used[now].any(axis=0)
+        now |= used[:, bare].any(axis=1)
+        if np.array_equal(now, kept):
+            break
+        kept = now
+        c = _quantile_fit(A[kept], b[kept], SUPPORT_QUANTILE, start=c)
+    return c, ~kept
 
 
 def _super_blocks(n_blocks: int) -> list[np.ndarray]:
@@ -528,24 +575,27 @@ def estimate_channel_offset(envelopes: list[np.ndarray], flats: list[np.ndarray]
     draws = [np.concatenate([regions[k] for k in rng.integers(len(regions), size=len(regions))])
              for _ in range(BOOTSTRAP)]
 
-    def resampled(per_column: bool) -> _Resampled:   # each resample starts from the full fit (fewer iterations)
+    def resampled(per_column: bool) -> _Resampled:   # each resample starts from the full fit (fewer iterations),
+                                                       # the blocks it left out left out
         full = _joint_fit(parts, list(range(n)), per_column=per_column)
         n_offset = full.coefficients.size - n
-        field = float(np.std([offset_mean(_joint_fit(parts, list(range(n)), d, per_column, full.coefficients).offset)
-                              for d in draws]))
+        field = float(np.std([offset_mean(_joint_fit(parts, list(range(n)), d, per_column, full.coefficients,
+                                                     full.far).offset) for d in draws]))
         if n < 3:                             # too few planes to resample: the field's error alone
             return _Resampled(full, field)
         groups = [np.arange(g, n, min(n, JACKKNIFE_GROUPS)) for g in range(min(n, JACKKNIFE_GROUPS))]
         loo = np.array([offset_mean(_joint_fit(parts, [i for i in range(n) if i not in g], None, per_column,
-                                               np.delete(full.coefficients, n_offset + g)).offset) for g in groups])
+                                               np.delete(full.coefficients, n_offset + g),
+                                               np.delete(full.far, g, axis=0)).offset) for g in groups])
         planes = float(np.sqrt((len(groups) - 1) / len(groups) * np.sum((loo - loo.mean()) ** 2)))
         return _Resampled(full, float(np.hypot(planes, field)))
 
     fits = {per_column: resampled(per_column) for per_column in (True, False)}
     per_column = _per_column_clearly_more_certain(fits[True], fits[False])
-    (off, light, _), se = fits[per_column]
+    (off, light, _, far), se = fits[per_column]
     floor = float(min(m * fm for m, fm in zip(light, flat_means)))
-    per_plane = tuple(offset_mean(_joint_fit([p], [0], per_column=per_column).offset) for p in parts)
+    per_plane = tuple(offset_mean(_joint_fit([p], [0], per_column=per_column, far=far[[k]]).offset)
+                      for k, p in enumerate(parts))
     image = _offset_image(off, shape)
     uncertain = _clearly_above(se, BOOTSTRAP, max(UNCERTAIN_OF_FLOOR * floor, MIN_UNCERTAINTY)) or (
         n < 3 and floor > UNCERTAIN_FLOOR * float(image.mean()))   # the field alone does not see a dense stain
