@@ -503,7 +503,7 @@ def _support_fit(A: np.ndarray, b: np.ndarray, start: np.ndarray | None, left_ou
     ``left_out``: the rows to leave out from the start; ``find`` false: those and no others (a resample of data
     whose blocks far above are known: one fit, not the rounds). Returns the coefficients and the rows left out."""
     kept = ~left_out
-    c = _quantile_fit(A[kept], b[kept], SUPPORT_QUANTILE, start=start)
+    c = _quantile_fit(*((A[kept], b[kept]) if left_out.any() else (A, b)), SUPPORT_QUANTILE, start=start)
     if not find:
         return c, left_out
     used = A != 0
