@@ -171,8 +171,8 @@ def test_stray_light_does_not_tilt_the_camera_offset():
     """The channel's offset from its five planes' envelopes and first flatfields, as the stitch stage fits it, under
     the stray light of the test above. In a quantile fit every block above the support pulls it up, however far:
     the light in one corner tilted the support into the corner and the light floor took the difference, the
-    offset 8.3 and 4.3 counts low on the two channels (plex_bias's stray regime: 12-13 on every channel). The
-    blocks far above the fit are now left out of it: within 4 counts."""
+    offset 4.3 and 8.3 counts low on channels 1 and 2 (plex_bias's stray regime: 12-13 on every channel). The
+    blocks far above the affine fit are now left out of it: within 4 counts (0.2 and 2.3)."""
     ds = _stray_dataset()
     pairs, scale = _pairs_and_scale(ds)
     for channel in (1, 2):
