@@ -35,6 +35,7 @@ from scipy import ndimage
 
 from .. import xp as xpmod
 from .basic import DARK_QUANTILE
+from .robust import robust_std
 
 DEFECT_SIGMAS = 10.0     # |median residual| beyond this many robust stds of the map: a defect
 MIN_EXCESS = 50.0        # ... and at least this many counts (noise of a median over few tiles)
@@ -83,11 +84,6 @@ def none(shape) -> Defects:
     return Defects(np.zeros(0, int), np.zeros(0, int), [], np.zeros(0, np.float32), tuple(shape))
 
 
-def _robust_std(values, xp) -> float:
-    med = xp.median(values)
-    return float(1.4826 * xp.median(xp.abs(values - med))) + 1e-6
-
-
 def stack_tiles(tiles, xp):
     """One plane's tiles (a list of YX arrays, host or device) as one float32 (N, Y, X) device array, for
     ``find_defects`` and ``column_offsets`` to share (one copy to the device)."""
@@ -108,7 +104,7 @@ def find_defects(tiles, xp=None) -> Defects:
     del residual
     spread = xp.std(stack, axis=0)                               # how much each reading follows the light
     del stack
-    sigma = _robust_std(persistent, xp)
+    sigma = robust_std(persistent) + 1e-6
     limit = max(DEFECT_SIGMAS * sigma, MIN_EXCESS)
     hot = persistent > limit
     cold = persistent < -limit
@@ -190,7 +186,7 @@ def defects_in_dark_frame(frame: np.ndarray) -> Defects:
     """Hot pixels of a dark frame: its residual from its own 3 x 3 median, beyond the same limit."""
     frame = np.asarray(frame, np.float32)
     residual = frame - ndimage.median_filter(frame, size=3, mode="nearest")
-    limit = max(DEFECT_SIGMAS * _robust_std(residual, np), MIN_EXCESS)
+    limit = max(DEFECT_SIGMAS * (robust_std(residual) + 1e-6), MIN_EXCESS)
     ys, xs = np.nonzero(np.abs(residual) > limit)
     return Defects(ys, xs, ["dark frame"] * len(ys), residual[ys, xs], tuple(frame.shape))
 

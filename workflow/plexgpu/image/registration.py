@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import xp as xpmod
 from .phasecorr import phase_correlation, phase_correlation_batch
+from .robust import robust_std
 from .subpixel import shift_image
 
 MAX_AMBIGUITY = 0.8
@@ -230,7 +231,7 @@ def fit_rigid(ys, xs, dy, dx, centre) -> tuple[float, float, float, np.ndarray]:
         t = (float(ty), float(tx), theta)
         c, sn = math.cos(theta) - 1, math.sin(theta)
         res = np.hypot(dy - (ty + c * vy - sn * vx), dx - (tx + sn * vy + c * vx))
-        limit = max(OUTLIER_SIGMAS * 1.4826 * float(np.median(res[keep])), MIN_OUTLIER_PX)
+        limit = max(OUTLIER_SIGMAS * robust_std(res[keep], 0.0), MIN_OUTLIER_PX)
         new = res <= limit
         if np.array_equal(new, keep):
             break

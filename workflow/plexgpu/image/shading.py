@@ -61,6 +61,7 @@ from numpy.polynomial import legendre
 from scipy import ndimage
 
 from .basic import estimate_darkfield
+from .robust import robust_std
 
 DEGREES = (2, 4, 6)              # candidate total degrees of the log-flatfield polynomial
 RIDGES = (1.0, 1e-2, 1e-4, 1e-6)  # candidate pulls toward BaSiC's projection (per sample, weights mean 1)
@@ -168,7 +169,7 @@ def _robust_weights(A, r, w, iterations: int = 3) -> np.ndarray:
         Aw = A * wt[:, None]
         c = np.linalg.solve(Aw.T @ A + 1e-9 * len(r) * np.eye(A.shape[1]), Aw.T @ r)
         res = r - A @ c
-        sig = 1.4826 * np.median(np.abs(res)) + 1e-9
+        sig = robust_std(res, 0.0) + 1e-9
         wt = w / (1 + (res / (ROBUST_C * sig)) ** 2)
     return wt
 
@@ -480,7 +481,7 @@ def _joint_fit(parts, keep, blocks=None, per_column: bool = True, start: np.ndar
 
 
 def _support_fit(A: np.ndarray, b: np.ndarray, start: np.ndarray | None, left_out: np.ndarray,
-                 find: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                 *, find: bool) -> tuple[np.ndarray, np.ndarray]:
     """The SUPPORT_QUANTILE lower support of b given A (``_quantile_fit``), the blocks far above it left out: a
     residual above the residuals' median by more than FAR_ABOVE robust spreads (1.4826 MAD) is light the model
     (offset plus a light floor under the flatfield) does not hold -- stray light fixed to the sensor, glare --
@@ -512,7 +513,7 @@ def _support_fit(A: np.ndarray, b: np.ndarray, start: np.ndarray | None, left_ou
     for _ in range(FAR_ABOVE_ROUNDS):
         r = b - A @ c
         middle = float(np.median(r[kept]))
-        spread = 1.4826 * float(np.median(np.abs(r[kept] - middle)))
+        spread = robust_std(r[kept], middle)
         now = r <= middle + FAR_ABOVE * spread
         bare = used[kept].any(axis=0) & ~used[now].any(axis=0)
         now |= used[:, bare].any(axis=1)
@@ -744,7 +745,7 @@ def _alternate(A, ua, ub, ca, cb, g: np.ndarray) -> np.ndarray | None:
             wt = _robust_weights(A, r, w / w.mean())
         else:                                     # then from the last flatfield fit's residual
             res = r - A @ c
-            wt = w / (1 + (res / (ROBUST_C * 1.4826 * float(np.median(np.abs(res[ok]))) + 1e-12)) ** 2)
+            wt = w / (1 + (res / (ROBUST_C * robust_std(res[ok], 0.0) + 1e-12)) ** 2)
         G = (A * wt[:, None]).T @ A
         c = np.linalg.lstsq(G, (A * wt[:, None]).T @ r, rcond=None)[0]   # a pair with no valid sample: its term 0
         rho = np.exp(A @ c)
@@ -754,7 +755,7 @@ def _alternate(A, ua, ub, ca, cb, g: np.ndarray) -> np.ndarray | None:
         for _ in range(4):
             new = np.linalg.solve((X * vw[:, None]).T @ X, (X * vw[:, None]).T @ y)
             res = (y - X @ new) * np.sqrt(v)
-            vw = v / (1 + (res / (ROBUST_C * 1.4826 * float(np.median(np.abs(res))) + 1e-12)) ** 2)
+            vw = v / (1 + (res / (ROBUST_C * robust_std(res, 0.0) + 1e-12)) ** 2)
         before, step, plain = step, new - g, None
         if before is not None:                    # the alternation converges geometrically: its limit (Aitken)
             ratio = float(step @ before) / float(before @ before + 1e-12)

@@ -43,6 +43,7 @@ import numpy as np
 from .. import xp as xpmod
 from . import overlap_fit, texture
 from .phasecorr import ncc, noise_threshold, phase_correlation
+from .robust import robust_std
 from .subpixel import shift_fraction
 
 MAX_AMBIGUITY = 0.7      # second peak / first peak above this = repetitive texture
@@ -227,7 +228,7 @@ def fit_stage_model(clear: list[Pair], max_shift_px: float | None = None) -> Sta
     spread = float("nan")
     if residuals:
         res = np.concatenate(residuals)
-        loose = max(UNFITTED_WINDOW_PX, 5 * 1.4826 * float(np.median(np.abs(res))))
+        loose = max(UNFITTED_WINDOW_PX, 5 * robust_std(res, 0.0))
         inliers = res[np.abs(res).max(axis=1) <= loose]      # chance matches far away do not count
         spread = float(np.sqrt(np.mean(inliers ** 2))) if len(inliers) else float("nan")
     if max_shift_px is not None:

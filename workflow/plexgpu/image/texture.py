@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import xp as xpmod
+from .robust import MAD_TO_STD
 
 BLOCK = 4                 # px: block side, below the size of a nucleus (20x: ~25 px), above the pixel
 MIN_TEXTURE_SNR = 3.0     # structure this many block-mean noise sigmas above nothing: texture
@@ -55,7 +56,7 @@ def measure(img) -> Texture:
     diff = xp.abs(a[:, 1:] - a[:, :-1])
     blocks = a[:h, :w].reshape(h // BLOCK, BLOCK, w // BLOCK, BLOCK).mean(axis=(1, 3))
     packed = xpmod.to_host(xp.stack([xp.median(diff), a.mean()]))
-    noise, light = 1.4826 * float(packed[0]) / np.sqrt(2.0), float(packed[1])
+    noise, light = MAD_TO_STD * float(packed[0]) / np.sqrt(2.0), float(packed[1])
     b = xpmod.to_host(blocks).astype(np.float64)
     yy, xx = np.mgrid[:b.shape[0], :b.shape[1]]
     design = np.stack([np.ones(b.size), yy.ravel(), xx.ravel()], axis=1)
