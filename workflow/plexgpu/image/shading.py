@@ -40,6 +40,9 @@ flagged so the user can give the offset (``basic.darkfield: {channel: <counts>}`
 The additive term the output is corrected with is the one its flatfield was fitted with: where the overlaps
 chose the envelope, the offset and what of the envelope lies above it and the light floor (``envelope_excess``:
 light fixed to the sensor, such as stray light, and the specimen the dimmest tiles showed); else the offset.
+Without overlaps BaSiC's flatfield, fitted with the envelope subtracted, is kept, and the excess is subtracted
+where alternate halves of the tiles agree on it (``fixed_to_sensor``: stray light is the same in every tile, the
+dimmest tiles' specimen is not); else the offset alone.
 Real wsi_brain tiles carry stray light of up to ~550 counts in two corners.
 
 Offset from the overlaps (``overlap_offset``): the two readings of one point of the specimen are
@@ -821,8 +824,9 @@ def _added_light(ref: Refinement, tiles: np.ndarray, scale, camera: np.ndarray, 
     ``low``: the plane's ``offset_envelope`` where the caller has it) where the overlaps chose the envelope, or
     where there were too few overlaps to choose (BaSiC's flatfield kept: fitted with the envelope subtracted) and
     the excess is fixed to the sensor (``fixed_to_sensor``); else 0. Without overlaps on wsi_brain (63 tiles,
-    fitted on all, or on alternate halves and judged on the rest): the overlaps' two corrected readings 9.0 %,
-    19.7 % and 5.7 % apart with the offset alone subtracted, 5.2 %, 8.4 % and 4.9 % with the excess too."""
+    fitted on all, or on alternate halves; judged at the 87 overlaps of all of them): the overlaps' two corrected
+    readings 9.0 %, 19.7 % and 5.7 % apart with the offset alone subtracted, 5.2 %, 8.4 % and 4.9 % with the excess
+    too."""
     if ref.additive == "envelope" or (ref.degree is None and fixed_to_sensor(tiles, scale, camera, flat)):
         return envelope_excess(offset_envelope(tiles, scale) if low is None else low, camera, flat)
     return 0.0
