@@ -129,7 +129,7 @@ def fit_offset(ta, tb, offset) -> OverlapFit:
             J = xp.stack([-gain * By, -gain * Bx, B, B * py, B * px, xp.ones_like(B), py, px], 1)
             res = a - gain * B
             res = res - xp.median(res)
-            scale = np.float32(robust_std(res, 0.0) + 1e-6)
+            scale = np.float32(robust_std(res, about_zero=True) + 1e-6)
             wt = xp.sqrt(1 / (1 + (res / (np.float32(ROBUST_C) * scale)) ** 2))   # Cauchy: dust, one-tile objects
             Jw = J * wt[:, None]
             # the 8 x 8 normal equations, formed on the device (float32), solved on the host in float64

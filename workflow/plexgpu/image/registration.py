@@ -231,7 +231,7 @@ def fit_rigid(ys, xs, dy, dx, centre) -> tuple[float, float, float, np.ndarray]:
         t = (float(ty), float(tx), theta)
         c, sn = math.cos(theta) - 1, math.sin(theta)
         res = np.hypot(dy - (ty + c * vy - sn * vx), dx - (tx + sn * vy + c * vx))
-        limit = max(OUTLIER_SIGMAS * robust_std(res[keep], 0.0), MIN_OUTLIER_PX)
+        limit = max(OUTLIER_SIGMAS * robust_std(res[keep], about_zero=True), MIN_OUTLIER_PX)
         new = res <= limit
         if np.array_equal(new, keep):
             break

@@ -228,7 +228,7 @@ def fit_stage_model(clear: list[Pair], max_shift_px: float | None = None) -> Sta
     spread = float("nan")
     if residuals:
         res = np.concatenate(residuals)
-        loose = max(UNFITTED_WINDOW_PX, 5 * robust_std(res, 0.0))
+        loose = max(UNFITTED_WINDOW_PX, 5 * robust_std(res, about_zero=True))
         inliers = res[np.abs(res).max(axis=1) <= loose]      # chance matches far away do not count
         spread = float(np.sqrt(np.mean(inliers ** 2))) if len(inliers) else float("nan")
     if max_shift_px is not None:
