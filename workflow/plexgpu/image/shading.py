@@ -808,16 +808,16 @@ def fixed_to_sensor(tiles: np.ndarray, scale, offset: np.ndarray, flat: np.ndarr
     corners; all 63, or alternate halves), on a field imaged again and again (a time lapse) and on 80 counts of
     stray light in one corner (tests/test_shading.py; on 2 of 5 such stacks 0.53-0.80, where some corners still
     show specimen in all of a half's dimmest tiles: missed, the offset alone subtracted as before); 0.20-0.45
-    under a dense stain (5 planes of 30 tiles, an
-    excess of 120-215 counts: subtracted, the output's intercept -186 and -240 counts instead of -39 and -34),
-    -0.17 to 0.24 on dense nuclei, a sparse marker and a dim one at random places (bench/basic_alone.py)."""
+    under a dense stain (5 planes of 30 tiles, an excess of 120-215 counts: subtracted, the output's intercept
+    -186 and -240 counts instead of -39 and -34), -0.17 to 0.24 on dense nuclei, a sparse marker and a dim one at
+    random places (bench/basic_alone.py)."""
     if len(tiles) < 4:
         return False
     halves = [envelope_excess(offset_envelope(tiles[h::2], scale), offset, flat).ravel() for h in (0, 1)]
     if min(float(np.std(h)) for h in halves) <= 0:
         return False
     r = float(np.corrcoef(*halves)[0, 1])
-    return 2 * r / (1 + r) >= SENSOR_FIXED_RELIABILITY if r > 0 else False
+    return r > 0 and 2 * r / (1 + r) >= SENSOR_FIXED_RELIABILITY
 
 
 def _added_light(ref: Refinement, tiles: np.ndarray, scale, camera: np.ndarray, flat: np.ndarray,
