@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import write_result, wsi_brain_fiji
+from common import overlap_log_ratios, write_result, wsi_brain_fiji
 from scipy import ndimage
 
 from plexgpu.image import basic, shading
@@ -94,14 +94,8 @@ def ours(raw: np.ndarray, darkfield: bool):
     fit = basic.fit_anchored(small, [0], params)
     tiles = small[0].astype(np.float64)
     scale = (WS / raw.shape[1], WS / raw.shape[2])
-    if not darkfield:
-        sh = shading.shade_plane(tiles, fit.flatfield[0], None, [], scale)
-    else:
-        env = fit.darkfield[0].astype(np.float64)
-        first = shading.first_flatfield(tiles, fit.flatfield[0], env, [], scale)
-        low = shading.offset_envelope(tiles, scale)
-        off = shading.estimate_channel_offset([low], [first])
-        sh = shading.shade_with_offset(tiles, fit.flatfield[0], env, [], scale, off, low)
+    sh = shading.shade_plane(tiles, fit.flatfield[0], fit.darkfield[0].astype(np.float64) if darkfield else None,
+                             [], scale)
     return basic.upsample(sh.flatfield, raw.shape[1:]), basic.upsample(sh.darkfield, raw.shape[1:])
 
 
@@ -144,21 +138,6 @@ def fiji_overlaps(shape, smallest: int = 30) -> list[tuple[int, int, int, int]]:
             if a < b and min(h, w) >= smallest and max(h, w) > shape[0] // 2 and min(h, w) < shape[0] // 2:
                 out.append((a - 1, b - 1, dy, dx))
     return out
-
-
-def overlap_log_ratios(tiles, pairs, flat, dark) -> np.ndarray:
-    """How far apart the two corrected readings of the same specimen are where tiles overlap (no truth needed;
-    a wrong additive term or flatfield shows as a ratio that is not 1): per overlap |log(mean a / mean b)|, each
-    reading (raw - dark) / flat smoothed by 3 px (Fiji's positions are whole pixels)."""
-    flat = flat / flat.mean()
-    h, w = tiles.shape[1:]
-    out = []
-    for a, b, dy, dx in pairs:
-        sa = slice(max(dy, 0), h + min(dy, 0)), slice(max(dx, 0), w + min(dx, 0))
-        sb = slice(max(-dy, 0), h + min(-dy, 0)), slice(max(-dx, 0), w + min(-dx, 0))
-        ra, rb = ((ndimage.gaussian_filter((tiles[t][s] - dark[s]) / flat[s], 3)[4:-4, 4:-4]) for t, s in ((a, sa), (b, sb)))
-        out.append(abs(np.log(max(ra.mean(), 1e-3) / max(rb.mean(), 1e-3))))      # <= 0: wholly wrong
-    return np.array(out)
 
 
 def paired_difference(ours: np.ndarray, peer: np.ndarray, draws: int = 2000) -> dict:

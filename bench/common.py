@@ -51,6 +51,26 @@ def wsi_brain_fiji() -> dict[int, tuple[float, float]]:
     return pos
 
 
+def overlap_log_ratios(tiles, pairs, flat, dark):
+    """How far apart the two corrected readings of the same specimen are where tiles overlap (no truth needed;
+    a wrong additive term or flatfield shows as a ratio that is not 1): per overlap |log(mean a / mean b)|, each
+    reading (raw - dark) / flat smoothed by 3 px (whole-pixel positions such as Fiji's), 4 px trimmed at the
+    overlap's rim. ``pairs``: (a, b, dy, dx) of tile b from tile a, 0-based indices into ``tiles`` (N, H, W).
+    Shared by bench/basic_alone.py and tests/test_realdata_stitch.py."""
+    import numpy as np
+    from scipy import ndimage
+
+    flat = flat / flat.mean()
+    h, w = tiles.shape[1:]
+    out = []
+    for a, b, dy, dx in pairs:
+        sa = slice(max(dy, 0), h + min(dy, 0)), slice(max(dx, 0), w + min(dx, 0))
+        sb = slice(max(-dy, 0), h + min(-dy, 0)), slice(max(-dx, 0), w + min(-dx, 0))
+        ra, rb = ((ndimage.gaussian_filter((tiles[t][s] - dark[s]) / flat[s], 3)[4:-4, 4:-4]) for t, s in ((a, sa), (b, sb)))
+        out.append(abs(np.log(max(ra.mean(), 1e-3) / max(rb.mean(), 1e-3))))      # <= 0: wholly wrong
+    return np.array(out)
+
+
 @contextmanager
 def timer(out: dict, key: str):
     t0 = time.perf_counter()

@@ -35,7 +35,8 @@ floor is taken out, free per column (the sensor's column pattern) and told from 
 columns, then made affine (constant + gradient). Where every tile carries
 light at every pixel (a dense stain, no bare slide) the two cannot be told apart well; when the
 offset's standard error (resampled over planes and field) exceeds a tenth of that floor, it is
-flagged so the user can give the offset (``basic.darkfield: {channel: <counts>}``).
+flagged so the user can give the offset (``basic.darkfield: {channel: <counts>}``). ``channel_offsets``
+does all of it for every channel of a cycle, as the stitch stage does.
 
 The additive term the output is corrected with is the one its flatfield was fitted with: where the overlaps
 chose the envelope, the offset and what of the envelope lies above it and the light floor (``envelope_excess``:
@@ -634,6 +635,39 @@ def with_overlaps(offset: ChannelOffset, envelopes: list[np.ndarray],
     return offset
 
 
+def channel_offsets(channels: dict, inputs, pairs, scale, map=map, envelope=None) -> tuple[dict, dict]:
+    """One camera offset per channel from all its planes at once, as the stitch stage fits it (``channels``:
+    {channel: plane keys}; ``inputs(key)``: a plane's working-size host tiles, BaSiC flatfield and envelope;
+    ``envelope(key)``: the envelope alone, where that is cheaper than all three; ``map``: a pool's map runs the
+    planes, then the channels, side by side): each plane's first flatfield (its envelope subtracted,
+    ``first_flatfield``) and the envelope the offset is fitted to (``offset_envelope``: of tiles averaged
+    enough), then ``estimate_channel_offset`` per channel; where a channel's offset is not certain, its planes'
+    overlaps are asked (``with_overlaps``). Returns the offsets, {channel: ChannelOffset}, and the envelope
+    each plane's offset was fitted to, {key: array} (its excess is ``shade_with_offset``'s ``low``)."""
+    envelope = envelope or (lambda key: inputs(key)[2])
+    planes = [key for ch in channels for key in channels[ch]]
+
+    def first_and_low(key):                 # one copy of the plane's inputs to the host for both
+        tiles, basic_flat, env = inputs(key)
+        return first_flatfield(tiles, basic_flat, env, pairs, scale), offset_envelope(tiles, scale)
+    both = dict(zip(planes, map(first_and_low, planes)))
+    firsts, lows = {k: v[0] for k, v in both.items()}, {k: v[1] for k, v in both.items()}
+    offsets = dict(zip(channels, map(lambda ch: estimate_channel_offset(
+        [lows[k] for k in channels[ch]], [firsts[k] for k in channels[ch]]), channels)))
+    ask = [ch for ch, off in offsets.items() if overlaps_may_help(off, len(channels[ch]))]
+    if ask:              # the envelope cannot pin it (a dense stain): the planes' overlaps
+
+        def from_overlaps(key):
+            tiles, _, env = inputs(key)
+            return overlap_offset(tiles, env, pairs, scale)
+        ask_planes = [key for ch in ask for key in channels[ch]]
+        found = dict(zip(ask_planes, map(from_overlaps, ask_planes)))
+        for ch in ask:
+            offsets[ch] = with_overlaps(offsets[ch], [envelope(k) for k in channels[ch]],
+                                        [found[k] for k in channels[ch]])
+    return offsets, lows
+
+
 def _from_overlaps(envelopes: list[np.ndarray], per_plane: list[np.ndarray | None]) -> ChannelOffset | None:
     """The channel's offset from its planes' overlaps (``overlap_offset`` per plane: two ends each): the mean
     of the planes' affine offsets (each the middle of its two ends); its standard error one plane's spread
@@ -885,6 +919,5 @@ def shade_plane(tiles: np.ndarray, basic_flat: np.ndarray, envelope: np.ndarray 
         light = _added_light(ref, tiles, scale, known_offset, flat)
         return PlaneShading(flat, known_offset + light, ref, "given", added_light=float(np.mean(light)),
                             offset_mean=float(known_offset.mean()))
-    low = offset_envelope(tiles, scale)
-    offset = estimate_channel_offset([low], [first_flatfield(tiles, basic_flat, envelope, pairs, scale)])
-    return shade_with_offset(tiles, basic_flat, envelope, pairs, scale, offset, low)
+    offsets, lows = channel_offsets({0: [0]}, lambda _: (tiles, basic_flat, envelope), pairs, scale)
+    return shade_with_offset(tiles, basic_flat, envelope, pairs, scale, offsets[0], lows[0])

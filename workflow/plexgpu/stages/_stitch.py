@@ -283,7 +283,7 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
         return xpmod.to_host(small[i]).astype(np.float64), xpmod.to_host(fit.flatfield[i]), envelope(i)
 
     mine = {ch: [i for i, (c, _) in enumerate(planes) if c == ch] for ch in fitted}
-    offsets, lows = _channel_offsets(ctx, mine, inputs, envelope, pairs, scale)
+    offsets, lows = shading.channel_offsets(mine, inputs, pairs, scale, ctx.pool.map, envelope)
     for ch, off in offsets.items():
         log.info("CH%d: camera offset %.1f counts (%s; standard error %.1f over %d planes and the field; each "
                  "plane alone %s), dimmest light floor %.0f counts", ch, float(off.image.mean()), off.model,
@@ -319,36 +319,6 @@ def _shade_planes(ctx: JobContext, spec: CycleSpec, basic_cfg: dict, params, sma
                      "light) subtracted with it, as the flatfield was fitted: mean %.1f counts (its shape: the QC "
                      "page's darkfield)", ch, z, sh.added_light)
     return shades, record
-
-
-def _channel_offsets(ctx: JobContext, mine: dict, inputs, envelope, pairs, scale) -> tuple[dict, dict]:
-    """One camera offset per channel, from all its planes at once (``mine``: {channel: plane indices};
-    ``inputs(i)``: a plane's host tiles, BaSiC flatfield and envelope; ``envelope(i)``: the envelope alone):
-    each plane's first flatfield (its envelope subtracted) and the envelope the offset is fitted to
-    (``shading.offset_envelope``: of tiles averaged enough), then the channels side by side; where a channel's
-    offset is not certain, its planes' overlaps are asked (``shading.with_overlaps``). Returns the offsets and
-    each plane's envelope they were fitted to (for the envelope's excess, ``shading.shade_with_offset``)."""
-    planes = [i for ch in mine for i in mine[ch]]
-
-    def first_and_low(i):               # one copy of the plane's inputs to the host for both
-        tiles, basic_flat, env = inputs(i)
-        return shading.first_flatfield(tiles, basic_flat, env, pairs, scale), shading.offset_envelope(tiles, scale)
-    both = dict(zip(planes, ctx.pool.map(first_and_low, planes)))
-    firsts, lows = {i: v[0] for i, v in both.items()}, {i: v[1] for i, v in both.items()}
-    offsets = dict(zip(mine, ctx.pool.map(lambda ch: shading.estimate_channel_offset(
-        [lows[i] for i in mine[ch]], [firsts[i] for i in mine[ch]]), mine)))
-    ask = [ch for ch, off in offsets.items() if shading.overlaps_may_help(off, len(mine[ch]))]
-    if ask:              # the envelope cannot pin it (a dense stain): the planes' overlaps
-
-        def from_overlaps(i):
-            tiles, _, env = inputs(i)
-            return shading.overlap_offset(tiles, env, pairs, scale)
-        ask_planes = [i for ch in ask for i in mine[ch]]
-        found = dict(zip(ask_planes, ctx.pool.map(from_overlaps, ask_planes)))
-        for ch in ask:
-            offsets[ch] = shading.with_overlaps(offsets[ch], [envelope(i) for i in mine[ch]],
-                                                [found[i] for i in mine[ch]])
-    return offsets, lows
 
 
 def _shading_record(sh) -> dict:
