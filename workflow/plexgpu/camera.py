@@ -21,6 +21,12 @@ from .image.shading import MIN_UNCERTAINTY, UNCERTAIN_OF_FLOOR
 CAMERA_SIGMAS = 3.0     # a cycle's offset this many combined standard errors from the other cycles' is set aside
 
 
+def noticeable(counts: float, light_floor: float) -> bool:
+    """Whether an offset wrong by ``counts`` matters to the light it is subtracted from: by more than a tenth of
+    the dimmest light floor (UNCERTAIN_OF_FLOOR, the share an offset may be uncertain by) and MIN_UNCERTAINTY."""
+    return abs(counts) > max(UNCERTAIN_OF_FLOOR * light_floor, MIN_UNCERTAINTY)
+
+
 @dataclass
 class Disagreement:
     counts: float            # the cycle's own fitted offset
@@ -66,8 +72,7 @@ def across_cycles(offsets: dict[str, dict]) -> dict[str, CameraOffset]:
         def apart(c, rest):              # how many combined errors c lies from the rest, if it is to be set aside
             m, m_se = together(rest)
             diff, combined = abs(own[c][0] - m), float(np.hypot(error(c), m_se))
-            far = diff > CAMERA_SIGMAS * combined and diff > max(UNCERTAIN_OF_FLOOR * got[c]["light_floor"],
-                                                                 MIN_UNCERTAINTY)
+            far = diff > CAMERA_SIGMAS * combined and noticeable(diff, got[c]["light_floor"])
             return diff / combined if far else 0.0
 
         keep, aside = list(got), []

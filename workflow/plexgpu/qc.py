@@ -347,9 +347,24 @@ def camera_across_cycles(offsets: dict[str, dict]) -> tuple[list[dict], dict[str
     ``offsets``: {cycle: {channel: the stitch's offset record (counts, standard_error, light_floor, ..)}}.
     A cycle set aside (its offset contradicts the other cycles') is a warn naming the value the other cycles
     give together: registration brings plex.ome.tif to it, the cycle's stitched and EDF stacks keep their
-    own. Returns the rows (channel, cycles' offsets, the camera's) and {cycle: [reasons]}."""
+    own. So is a cycle that agrees within its error but whose own offset, which its stacks keep, lies
+    noticeably (``camera.noticeable``) from the camera's that plex.ome.tif is brought to: a Blank cycle
+    (autofluorescence only, dense) fitted 97 +- 7 counts against the camera's 112 +- 1.5, its stacks 15-21
+    counts too bright per plane with its stitch QC ok (bench/plex_bias.py). Returns the rows (channel, cycles'
+    offsets, the camera's) and {cycle: [reasons]}."""
     rows, reasons = [], {}
     for ch, cam in camera.across_cycles(offsets).items():
+        if cam.counts is not None:
+            for c in cam.cycles:
+                reads = -cam.correction(c)               # its own offset too low: its stacks read too bright
+                if camera.noticeable(reads, float(offsets[c][ch]["light_floor"])):
+                    own, se = cam.own[c]
+                    reasons.setdefault(c, []).append(
+                        f"CH{ch}: camera offset {own:.0f} ± {se:.0f} counts, within its error of the camera's "
+                        f"{cam.counts:.0f} ± {cam.standard_error:.0f} ({len(cam.cycles)} cycles) that plex.ome.tif "
+                        f"is brought to; this cycle's stitched and EDF stacks keep their own: a dim marker reads "
+                        f"{reads:+.0f} counts there against plex.ome.tif. Give basic.darkfield: {{{ch}: {cam.counts:.0f}}} or a dark "
+                        f"frame for the same values in both")
         rows.append({"channel": ch, **{c: f"{x:.1f} ± {se:.1f}" for c, (x, se) in cam.own.items()},
                      "the camera": ("no two cycles agree" if cam.counts is None else
                                     f"{cam.counts:.1f} ± {cam.standard_error:.1f} ({len(cam.cycles)} cycles)")})
