@@ -50,6 +50,7 @@ from common import HERE, timer, write_result
 from scipy import ndimage, optimize
 from stitch_sweep import basicpy_runs
 
+from plexgpu import qc
 from plexgpu.image.synth import SynthDataset, SynthSpec
 from plexgpu.io.raw import tile_filename
 from plexgpu.io.tiff import read_tiff
@@ -217,9 +218,12 @@ def raw_plane(raw: Path, spec: SynthSpec, c: int, ch: int, z: int) -> np.ndarray
 
 
 def qc_stitch(res: Path) -> dict:
-    """cycle -> (status, reasons) of its stitch stage on the QC page."""
+    """cycle -> (status, reasons) of its stitch stage on the QC page: the stitch rule's, and the camera across
+    cycles' warns of that cycle (qc_page merges them into the same cell)."""
     metrics = json.loads((res / "qc/metrics.json").read_text())
-    return {m["cycle"]: (m["status"], m["reasons"]) for m in metrics["stitch"]}
+    camera = metrics.get("camera", {}).get("warnings", {})
+    cells = {m["cycle"]: qc.with_camera(m, camera.get(m["cycle"], [])) for m in metrics["stitch"]}
+    return {c: (v["status"], v["reasons"]) for c, v in cells.items()}
 
 
 def run_regime(name: str, what: str, settings: dict, peers: bool, keep: Path | None, reuse: Path | None) -> dict:

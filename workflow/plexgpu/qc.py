@@ -363,8 +363,8 @@ def camera_across_cycles(offsets: dict[str, dict]) -> tuple[list[dict], dict[str
                         f"CH{ch}: camera offset {own:.0f} ± {se:.0f} counts, within its error of the camera's "
                         f"{cam.counts:.0f} ± {cam.standard_error:.0f} ({len(cam.cycles)} cycles) that plex.ome.tif "
                         f"is brought to; this cycle's stitched and EDF stacks keep their own: a dim marker reads "
-                        f"{reads:+.0f} counts there against plex.ome.tif. Give basic.darkfield: {{{ch}: {cam.counts:.0f}}} or a dark "
-                        f"frame for the same values in both")
+                        f"{reads:+.0f} counts there against plex.ome.tif. Give basic.darkfield: "
+                        f"{{{ch}: {cam.counts:.0f}}} or a dark frame for the same values in both")
         rows.append({"channel": ch, **{c: f"{x:.1f} ± {se:.1f}" for c, (x, se) in cam.own.items()},
                      "the camera": ("no two cycles agree" if cam.counts is None else
                                     f"{cam.counts:.1f} ± {cam.standard_error:.1f} ({len(cam.cycles)} cycles)")})
@@ -377,6 +377,15 @@ def camera_across_cycles(offsets: dict[str, dict]) -> tuple[list[dict], dict[str
                    "keep their own)" if cam.counts is not None else "")
                 + f". Give basic.darkfield: {{{ch}: {d.others:.0f}}} (the other cycles together) or a dark frame")
     return rows, reasons
+
+
+def with_camera(verdict: dict, camera_reasons: list[str]) -> dict:
+    """A cycle's stitch verdict ({status, reasons, ..}) with the warns ``camera_across_cycles`` gives that cycle:
+    warn, unless it already fails; the QC page's stitch cell."""
+    if not camera_reasons:
+        return verdict
+    return {**verdict, "status": "fail" if verdict["status"] == "fail" else "warn",
+            "reasons": verdict["reasons"] + camera_reasons}
 
 
 # ----------------------------------------------------------------------------- deconvolve

@@ -134,7 +134,7 @@ def write_index(out_html: str, out_json: str, inputs, cycles: list[str], channel
     def with_camera(c, s, v):
         if s != "stitch" or c not in camera_reasons or states[s, c].status != "done":
             return v
-        return {**v, "status": "fail" if v["status"] == "fail" else "warn", "reasons": v["reasons"] + camera_reasons[c]}
+        return qc.with_camera(v, camera_reasons[c])
     verdict = {c: {s: with_camera(c, s, cell(c, s)) for s in stages} for c in cycles}
     counts = {s: sum(v[st]["status"] == s for v in verdict.values() for st in stages) for s in COLOURS}
     counts = {s: n for s, n in counts.items() if n or s in ("ok", "warn", "fail")}
