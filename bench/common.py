@@ -94,13 +94,14 @@ def write_result(name: str, rows: list[dict], notes: str = "") -> Path:
 
 
 def markdown_table() -> str:
-    lines = ["| benchmark | what | ours (s) | peer | peer (s) | ratio peer/ours | ours accuracy | peer accuracy | "
+    lines = ["| benchmark (run) | what | ours (s) | peer | peer (s) | ratio peer/ours | ours accuracy | peer accuracy | "
              "peak RSS (MB) |", "|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(RESULTS.glob("*.json")):
         d = json.loads(p.read_text())
         for r in (r for r in d.get("rows", []) if "what" in r):     # (other layouts: their own JSON)
             def f(k):
                 return ("–" if r.get(k) is None else (f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])))
-            lines.append(f"| {d['benchmark']} | {r['what']} | {f('ours_s')} | {f('peer')} | {f('peer_s')} | "
-                         f"{f('ratio')} | {f('ours_accuracy')} | {f('peer_accuracy')} | {f('peak_rss_mb')} |")
+            lines.append(f"| {d['benchmark']} ({d.get('when', '?')}) | {r['what']} | {f('ours_s')} | {f('peer')} | "
+                         f"{f('peer_s')} | {f('ratio')} | {f('ours_accuracy')} | {f('peer_accuracy')} | "
+                         f"{f('peak_rss_mb')} |")
     return "\n".join(lines) + "\n"
