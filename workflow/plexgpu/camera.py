@@ -7,7 +7,8 @@ dense stain) gets a value the other cycles contradict, and a dim marker then rea
 cycle only. Here the cycles' fits are combined: the cycle furthest from the others, when it lies more than
 CAMERA_SIGMAS combined standard errors from their inverse-variance weighted mean and further than a tenth of
 its dimmest light floor, is set aside, again until the rest agree; the rest give the channel's offset. The
-registration stage brings every cycle to it (``basic.shared_camera``), the QC page names the cycles set aside.
+registration stage brings every cycle to it (``basic.shared_camera``), the QC page names the cycles set aside,
+and those that agree but whose own offset, which their stitched and EDF stacks keep, lies noticeably from it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class CameraOffset:
     cycles: list[str]                                       # the agreeing cycles it comes from
     own: dict[str, tuple[float, float]] = field(default_factory=dict)   # every cycle's (counts, standard error)
     set_aside: dict[str, Disagreement] = field(default_factory=dict)
+    stacks_apart: dict[str, float] = field(default_factory=dict)  # agreeing cycles whose own offset, which their
+    # stacks keep, lies noticeably from the camera's: the counts a dim marker reads there against plex.ome.tif
 
     def correction(self, cycle: str) -> float:
         """Counts to add to a cycle's light (divided by its flatfield) to bring it to the channel's offset:
@@ -87,5 +90,6 @@ def across_cycles(offsets: dict[str, dict]) -> dict[str, CameraOffset]:
         if len(keep) == 1 and len(got) > 1:          # no two cycles agree: none is the camera's
             out[ch] = CameraOffset(ch, None, None, [], own, set_aside)
         else:
-            out[ch] = CameraOffset(ch, m, m_se, keep, own, set_aside)
+            apart_in_stacks = {c: m - own[c][0] for c in keep if noticeable(m - own[c][0], got[c]["light_floor"])}
+            out[ch] = CameraOffset(ch, m, m_se, keep, own, set_aside, apart_in_stacks)
     return out

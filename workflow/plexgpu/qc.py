@@ -354,17 +354,14 @@ def camera_across_cycles(offsets: dict[str, dict]) -> tuple[list[dict], dict[str
     offsets, the camera's) and {cycle: [reasons]}."""
     rows, reasons = [], {}
     for ch, cam in camera.across_cycles(offsets).items():
-        if cam.counts is not None:
-            for c in cam.cycles:
-                reads = -cam.correction(c)               # its own offset too low: its stacks read too bright
-                if camera.noticeable(reads, float(offsets[c][ch]["light_floor"])):
-                    own, se = cam.own[c]
-                    reasons.setdefault(c, []).append(
-                        f"CH{ch}: camera offset {own:.0f} ± {se:.0f} counts, within its error of the camera's "
-                        f"{cam.counts:.0f} ± {cam.standard_error:.0f} ({len(cam.cycles)} cycles) that plex.ome.tif "
-                        f"is brought to; this cycle's stitched and EDF stacks keep their own: a dim marker reads "
-                        f"{reads:+.0f} counts there against plex.ome.tif. Give basic.darkfield: "
-                        f"{{{ch}: {cam.counts:.0f}}} or a dark frame for the same values in both")
+        for c, reads in cam.stacks_apart.items():       # its own offset too low: its stacks read too bright
+            own, se = cam.own[c]
+            reasons.setdefault(c, []).append(
+                f"CH{ch}: camera offset {own:.0f} ± {se:.0f} counts, within its error of the camera's "
+                f"{cam.counts:.0f} ± {cam.standard_error:.0f} ({len(cam.cycles)} cycles) that plex.ome.tif "
+                f"is brought to; this cycle's stitched and EDF stacks keep their own: a dim marker reads "
+                f"{reads:+.0f} counts there against plex.ome.tif. Give basic.darkfield: "
+                f"{{{ch}: {cam.counts:.0f}}} or a dark frame for the same values in both")
         rows.append({"channel": ch, **{c: f"{x:.1f} ± {se:.1f}" for c, (x, se) in cam.own.items()},
                      "the camera": ("no two cycles agree" if cam.counts is None else
                                     f"{cam.counts:.1f} ± {cam.standard_error:.1f} ({len(cam.cycles)} cycles)")})

@@ -168,13 +168,18 @@ def _design(s: np.ndarray, shape, degree: int, subtracted=(0.0, 0.0)):
     return A[:, 1:], r, w / w.mean(), pair.astype(int), np.sqrt(variance)
 
 
+def _weighted_solve(A, r, wt) -> np.ndarray:
+    """Weighted least squares of r on A (a 1e-9 ridge per sample keeps an empty term at 0)."""
+    Aw = A * wt[:, None]
+    return np.linalg.solve(Aw.T @ A + 1e-9 * len(r) * np.eye(A.shape[1]), Aw.T @ r)
+
+
 def _robust_weights(A, r, w, iterations: int = 3) -> np.ndarray:
     """Counts weights times Cauchy weights of the residual of a loose fit (misregistered or moving
     objects, dust on one tile only)."""
     wt = w.copy()
     for _ in range(iterations):
-        Aw = A * wt[:, None]
-        c = np.linalg.solve(Aw.T @ A + 1e-9 * len(r) * np.eye(A.shape[1]), Aw.T @ r)
+        c = _weighted_solve(A, r, wt)
         res = r - A @ c
         sig = robust_std(res, about_zero=True) + 1e-9
         wt = w / (1 + (res / (ROBUST_C * sig)) ** 2)
@@ -881,9 +886,7 @@ def _broad_part(excess: np.ndarray, where: np.ndarray) -> np.ndarray:
     A = _basis(2 * yy.ravel() / max(h - 1, 1) - 1, 2 * xx.ravel() / max(w - 1, 1) - 1, STRAY_DEGREE)
     at = where.ravel()
     r = np.asarray(excess, np.float64).ravel()[at]
-    wt = _robust_weights(A[at], r, np.ones(r.size))
-    Aw = A[at] * wt[:, None]
-    c = np.linalg.solve(Aw.T @ A[at] + 1e-9 * r.size * np.eye(A.shape[1]), Aw.T @ r)
+    c = _weighted_solve(A[at], r, _robust_weights(A[at], r, np.ones(r.size)))
     return np.maximum(A @ c, 0).reshape(h, w).astype(np.float32)
 
 
@@ -896,11 +899,14 @@ def _added_light(ref: Refinement, tiles: np.ndarray, scale, camera: np.ndarray, 
     in part its broad part, ``_broad_part``); else 0. Without overlaps on wsi_brain (63 tiles, fitted on all, or
     on alternate halves; judged at the 87 overlaps of all of them): the overlaps' two corrected readings 9.0 %,
     19.7 % and 5.7 % apart with the offset alone subtracted, 5.2 %, 8.4 % and 4.9 % with the excess too."""
-    where = None
-    if ref.additive != "envelope":
-        where = fixed_to_sensor(tiles, scale, camera, flat) if ref.degree is None else None
+    if ref.additive == "envelope":                # the overlaps chose it: all of the excess
+        where = None
+    elif ref.degree is None:                      # no overlaps to choose by
+        where = fixed_to_sensor(tiles, scale, camera, flat)
         if where is None:
             return 0.0
+    else:                                         # the overlaps chose the offset alone
+        return 0.0
     excess = envelope_excess(offset_envelope(tiles, scale) if low is None else low, camera, flat)
     return excess if where is None or where.all() else _broad_part(excess, where)
 
