@@ -105,3 +105,24 @@ def test_registration_brings_every_cycle_to_the_camera_offset(tmp_path, shared):
     else:                   # each cycle keeps its own: cyc003 reads 40 / F counts too dark
         assert off["cyc003"] < -30 and abs(off["cyc001"]) < 0.3
         assert record["per_cycle"]["cyc003"]["added_over_flatfield"] == 0.0
+
+
+def test_a_cycle_whose_stacks_keep_an_offset_off_the_camera_is_named_in_camera_json_and_the_log(tmp_path):
+    """A Blank cycle's fit agrees with the camera within its (large) error, but its stacks keep its own offset:
+    registration records what a dim marker reads there against plex.ome.tif, as the QC page warns."""
+    own = {"cyc001": rec(112.0, 1.5, 40.0), "cyc002": rec(111.0, 1.5, 40.0), "cyc003": rec(97.0, 7.0, 40.0)}
+    specs, planes = [], []
+    for i, (k, r) in enumerate(own.items()):
+        specs.append(CycleSpec(i + 1, k, k, 1, *GRID, "row-major", 0.2, 2, (1,), ("M",), 0.5, 1.0, (520.0,)))
+        planes.append(str(tmp_path / f"{k}.planes.json"))
+        PlanesRecord(recorded={}, offsets={"1": r}).write(planes[-1])
+    out = tmp_path / "camera.json"
+    with job_context("registration", str(tmp_path / "registration.log"), {"cpus_per_task": 1}, "cpu"):
+        stages.camera_offsets(specs, {"planes": planes}, True, str(out))
+    record = json.loads(out.read_text())["channels"]["1"]
+    assert record["from_cycles"] == ["cyc001", "cyc002", "cyc003"] and not record["set_aside"]
+    assert list(record["stacks_apart"]) == ["cyc003"]
+    assert record["stacks_apart"]["cyc003"] == pytest.approx(record["counts"] - 97.0)
+    assert record["stacks_apart"]["cyc003"] > 10                                # reads too bright in its stacks
+    log = (tmp_path / "registration.log").read_text()
+    assert "cyc003's own offset 97.0" in log and "reads +" in log

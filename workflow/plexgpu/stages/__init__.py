@@ -18,7 +18,7 @@ _WHERE = {
     "deconvolve": "_deconvolve", "optics_for": "_deconvolve", "kernel_for": "_deconvolve",
     "extended_depth": "_edf",
     "register": "_register", "REGISTERED_KINDS": "_register", "unique_channel_names": "_register",
-    "markers_csv": "_register", "by_cycle_and_channel": "_register",
+    "markers_csv": "_register", "by_cycle_and_channel": "_register", "camera_offsets": "_register",
 }
 __all__ = sorted(_WHERE)
 

@@ -126,8 +126,9 @@ def register(ctx: JobContext, specs: list[CycleSpec], reg_cfg: dict, inputs, out
 
 def camera_offsets(specs: list[CycleSpec], inputs, shared_camera: bool, out_json: str) -> dict:
     """Each channel's camera offset over the cycles (``camera.across_cycles`` of the stitch jobs' fitted
-    offsets), logged and written to ``out_json`` with what each cycle gets added; {} without
-    ``shared_camera``, where each cycle keeps its own."""
+    offsets), logged and written to ``out_json`` with what each cycle gets added, and the agreeing cycles whose
+    stacks keep an offset noticeably off it (``stacks_apart``: the counts a dim marker reads there against
+    plex.ome.tif, the QC page's warn); {} without ``shared_camera``, where each cycle keeps its own."""
     fitted = {s.key: PlanesRecord.read(p).offsets for s, p in zip(specs, inputs["planes"])}
     cams = camera.across_cycles(fitted)
     record = {"shared_camera": shared_camera, "channels": {}}
@@ -135,6 +136,7 @@ def camera_offsets(specs: list[CycleSpec], inputs, shared_camera: bool, out_json
         record["channels"][ch] = {
             "counts": cam.counts, "standard_error": cam.standard_error, "from_cycles": cam.cycles,
             "set_aside": {c: vars(d) for c, d in cam.set_aside.items()},
+            "stacks_apart": dict(cam.stacks_apart),
             "per_cycle": {c: {"counts": x, "standard_error": se,
                               "added_over_flatfield": cam.correction(c) if shared_camera else 0.0}
                           for c, (x, se) in cam.own.items()}}
@@ -148,6 +150,10 @@ def camera_offsets(specs: list[CycleSpec], inputs, shared_camera: bool, out_json
                                                 for c, d in cam.set_aside.items()),
                  "; each cycle brought to it: " + ", ".join(f"{c} {cam.correction(c):+.1f}" for c in cam.own)
                  if shared_camera else " (basic.shared_camera false: each cycle keeps its own)")
+        for c, reads in cam.stacks_apart.items():
+            log.warning("CH%s: %s's own offset %.1f +- %.1f agrees with the camera's within its error, but its "
+                        "stitched and EDF stacks keep it: a dim marker reads %+.1f counts there against "
+                        "plex.ome.tif", ch, c, *cam.own[c], reads)
     write_text_atomic(out_json, json.dumps(record, indent=1))
     return cams if shared_camera else {}
 
