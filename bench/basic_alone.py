@@ -15,7 +15,9 @@ Per method: the flatfield's RMS error against the truth (mean 1), the offset's b
 the held-out corrected images against the true light (per-image intercept in counts, and the
 slope's spread), and the CV of the held-out corrected mean image (the test of the issue; it is
 also given for the real wsi_brain tiles, which have no truth). On wsi_brain also how far apart the two
-corrected readings of each of its 87 overlaps are (median |log ratio|, at Fiji's positions), and ours less
+corrected readings of each of its 87 overlaps are, at Fiji's positions: their median |log ratio|, which favours
+the lower of two darkfields (one lower by c times the flatfield leaves a pedestal c in every pixel, and that
+pulls every ratio toward 1), and their median |difference| in counts, which does not; for each, ours less
 basicpy's at the same setting, paired over the overlaps, with a 95 % interval from resampling them.
 """
 
@@ -26,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import overlap_log_ratios, write_result, wsi_brain_fiji
+from common import overlap_differences, overlap_log_ratios, write_result, wsi_brain_fiji
 from scipy import ndimage
 
 from plexgpu.image import basic, shading
@@ -140,13 +142,14 @@ def fiji_overlaps(shape, smallest: int = 30) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def paired_difference(ours: np.ndarray, peer: np.ndarray, draws: int = 2000) -> dict:
-    """Ours less the peer's median over the same overlaps (%), with a 95 % interval from resampling the overlaps
-    (paired: an overlap drawn is drawn for both), and how many overlaps ours reads closer."""
+def paired_difference(ours: np.ndarray, peer: np.ndarray, scale: float = 100.0, draws: int = 2000) -> dict:
+    """Ours less the peer's median over the same overlaps (times ``scale``: 100 for fractions in %, 1 for counts),
+    with a 95 % interval from resampling the overlaps (paired: an overlap drawn is drawn for both), and how many
+    overlaps ours reads closer."""
     rng = np.random.default_rng(0)
     k = rng.integers(0, len(ours), (draws, len(ours)))
-    d = 100 * (np.median(ours[k], axis=1) - np.median(peer[k], axis=1))
-    return {"minus_peer_pct": round(100 * float(np.median(ours) - np.median(peer)), 2),
+    d = scale * (np.median(ours[k], axis=1) - np.median(peer[k], axis=1))
+    return {"minus_peer": round(scale * float(np.median(ours) - np.median(peer)), 2),
             "minus_peer_ci95": [round(float(v), 2) for v in np.percentile(d, [2.5, 97.5])],
             "closer_than_peer": f"{int((ours < peer).sum())}/{len(ours)}"}
 
@@ -184,16 +187,19 @@ def main():
                 methods["basicpy darkfield"] = basicpy([fit], True, args.basicpy)[0]
                 methods["basicpy no darkfield"] = basicpy([fit], False, args.basicpy)[0]
             ratios = {m: overlap_log_ratios(tiles, pairs, f, d) for m, (f, d) in methods.items()}
+            apart = {m: overlap_differences(tiles, pairs, f, d) for m, (f, d) in methods.items()}
             for m, (f, d) in methods.items():
                 corr = (test - d) / f
                 mean = corr.mean(0)
                 rows.append({"regime": f"wsi_brain fit {name}", "method": m,
                              "cv_mean_image": None if name == "all" else round(float(mean.std() / mean.mean()), 4),
                              "overlap_log_ratio_pct": round(100 * float(np.median(ratios[m])), 2),
+                             "overlap_difference_counts": round(float(np.median(apart[m])), 1),
                              "offset_mean": round(float(d.mean()), 1)})
                 peer = m.replace("ours", "basicpy")
                 if m.startswith("ours") and peer in ratios:
-                    rows[-1]["vs_basicpy"] = paired_difference(ratios[m], ratios[peer])
+                    rows[-1]["vs_basicpy_log_ratio_pct"] = paired_difference(ratios[m], ratios[peer])
+                    rows[-1]["vs_basicpy_difference_counts"] = paired_difference(apart[m], apart[peer], 1.0)
                 print(rows[-1], flush=True)
     if not args.quick:
         write_result("basic_alone", rows, notes=__doc__.strip().splitlines()[0])
