@@ -14,10 +14,12 @@ judged on the other.
 Per method: the flatfield's RMS error against the truth (mean 1), the offset's bias (counts),
 the held-out corrected images against the true light (per-image intercept in counts, and the
 slope's spread), and the CV of the held-out corrected mean image (the test of the issue; it is
-also given for the real wsi_brain tiles, which have no truth). On wsi_brain also how far apart the two
-corrected readings of each of its 87 overlaps are, at Fiji's positions: their median |log ratio|, which favours
-the lower of two darkfields (one lower by c times the flatfield leaves a pedestal c in every pixel, and that
-pulls every ratio toward 1), and their median |difference| in counts, which does not; for each, ours less
+also given for the real wsi_brain tiles, which have no truth) with its standard deviation in
+counts (the CV favours the lower of two darkfields: its pedestal raises the mean; the deviation
+does not). On wsi_brain also how far apart the two corrected readings of each of its 87 overlaps
+are, at Fiji's positions: their median |log ratio|, which favours the lower of two darkfields
+too (one lower by c times the flatfield leaves a pedestal c in every pixel, and that pulls every
+ratio toward 1), and their median |difference| in counts, which does not; for each, ours less
 basicpy's at the same setting, paired over the overlaps, with a 95 % interval from resampling them.
 """
 
@@ -112,20 +114,23 @@ def basicpy(halves: list[np.ndarray], darkfield: bool, python: str):
 
 
 def held_out(raw, light, flat, dark, true_flat_, true_off):
-    """Judge profiles on held-out images: flat error, offset bias, per-image intercept vs truth, mean-image CV."""
-    corr = (raw - dark) / flat
+    """Judge profiles on held-out images: flat error, offset bias, per-image intercept vs truth, the corrected mean
+    image's CV and its standard deviation (counts: the CV favours the lower of two darkfields, whose pedestal
+    raises the mean; the deviation does not)."""
+    f = flat / flat.mean()
+    corr = (raw - dark) / f
     inter, slope = [], []
     for c, s in zip(corr, light):
         a = np.polyfit(s.ravel(), c.ravel(), 1)
         slope.append(a[0])
         inter.append(a[1])
     m = corr.mean(0)
-    f = flat / flat.mean()
     return {"flat_rms_pct": round(100 * float(np.sqrt(np.mean((f - true_flat_) ** 2))), 2),
             "offset_bias": round(float((dark - true_off).mean()), 1),
             "intercept_abs_max": round(float(np.max(np.abs(inter))), 1),
             "slope_spread_pct": round(100 * float(np.std(slope) / np.mean(slope)), 2),
-            "cv_mean_image": round(float(m.std() / m.mean()), 4)}
+            "cv_mean_image": round(float(m.std() / m.mean()), 4),
+            "std_mean_image": round(float(m.std()), 2)}
 
 
 def fiji_overlaps(shape, smallest: int = 30) -> list[tuple[int, int, int, int]]:
@@ -189,10 +194,10 @@ def main():
             ratios = {m: overlap_log_ratios(tiles, pairs, f, d) for m, (f, d) in methods.items()}
             apart = {m: overlap_differences(tiles, pairs, f, d) for m, (f, d) in methods.items()}
             for m, (f, d) in methods.items():
-                corr = (test - d) / f
-                mean = corr.mean(0)
+                mean = ((test - d) / (f / f.mean())).mean(0)
                 rows.append({"regime": f"wsi_brain fit {name}", "method": m,
                              "cv_mean_image": None if name == "all" else round(float(mean.std() / mean.mean()), 4),
+                             "std_mean_image": None if name == "all" else round(float(mean.std()), 1),
                              "overlap_log_ratio_pct": round(100 * float(np.median(ratios[m])), 2),
                              "overlap_difference_counts": round(float(np.median(apart[m])), 1),
                              "offset_mean": round(float(d.mean()), 1)})
