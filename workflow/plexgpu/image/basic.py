@@ -146,17 +146,39 @@ def _idct2(xp, a):
     return xpmod.fft(xp).idctn(a, axes=(-2, -1), norm="ortho")
 
 
+def _resize_weights(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) weights resizing one axis, the output's pixel j centred at (j + 0.5) n_in / n_out - 0.5 of the
+    input's, as ``upsample`` places it. Shrinking: the area average of the input pixels output pixel j covers,
+    [j f, (j + 1) f) with f = n_in / n_out, each input pixel counted once in all. Growing: linear between the
+    input's centres, the edge value held."""
+    f = n_in / n_out
+    if f >= 1:
+        edges = np.arange(n_out + 1)[:, None] * f
+        i = np.arange(n_in)[None, :]
+        return np.clip(np.minimum(edges[1:], i + 1) - np.maximum(edges[:-1], i), 0, None) / f
+    p = np.clip((np.arange(n_out) + 0.5) * f - 0.5, 0, n_in - 1)
+    i0 = np.floor(p).astype(int)
+    w = np.zeros((n_out, n_in))
+    w[np.arange(n_out), i0] = 1 - (p - i0)
+    w[np.arange(n_out), np.minimum(i0 + 1, n_in - 1)] += p - i0
+    return w
+
+
 def downsample(tiles, working_size: int):
-    """Resize tiles (N, H, W) to (N, ws, ws): box average over the scale factor, then linear."""
+    """Resize tiles (N, H, W) to (N, ws, ws): each working pixel the mean of the raw pixels it covers
+    (``_resize_weights``; an exact block mean where ws divides the tile).
+
+    Was a box filter of int(H / ws) pixels, then linear: with an even box that put working pixel j at raw
+    (j + 0.5) H / ws - 1 instead of - 0.5 (half a raw pixel off: the profiles came back shifted by as much),
+    with 1/8 of each neighbour's light in it at 4:1; below 2:1 (160 -> 128) a linear mix of two raw pixels."""
     xp = xpmod.array_module(tiles)
-    ndi = xpmod.ndimage(xp)
     tiles = tiles.astype(xp.float32, copy=False)
     n, h, w = tiles.shape
-    fy, fx = h / working_size, w / working_size
-    box = (1, max(1, int(fy)), max(1, int(fx)))
-    if box != (1, 1, 1):
-        tiles = ndi.uniform_filter(tiles, size=box, mode="nearest")
-    return ndi.zoom(tiles, (1, working_size / h, working_size / w), order=1, mode="nearest", grid_mode=True)
+    if h % working_size == 0 and w % working_size == 0:
+        return tiles.reshape(n, working_size, h // working_size, working_size, w // working_size).mean(axis=(2, 4))
+    wy = xp.asarray(_resize_weights(h, working_size), dtype=xp.float32)
+    wx = xp.asarray(_resize_weights(w, working_size), dtype=xp.float32)
+    return xp.matmul(xp.matmul(wy, tiles), wx.T)
 
 
 def upsample(profile, shape: tuple[int, int]):
