@@ -147,30 +147,33 @@ def _idct2(xp, a):
 
 
 def _resize_weights(n_in: int, n_out: int) -> np.ndarray:
-    """(n_out, n_in) weights resizing one axis, the output's pixel j centred at (j + 0.5) n_in / n_out - 0.5 of the
-    input's, as ``upsample`` places it. Shrinking: the area average of the input pixels output pixel j covers,
-    [j f, (j + 1) f) with f = n_in / n_out, each input pixel counted once in all. Growing: linear between the
-    input's centres, the edge value held."""
+    """(n_out, n_in) weights resizing one axis: a box of b = max(1, int(f)) input pixels (f = n_in / n_out), the
+    edge pixel repeated, read linearly at output pixel j's centre, (j + 0.5) f - 0.5 of the input's, as
+    ``upsample`` places it back. Where f is a whole number that is the mean of the f input pixels j covers; below
+    2:1, linear between the input's centres. (An area average at a fractional f reads the input as a staircase:
+    its centre of mass wanders by up to 0.075 px at 160 -> 128, which the overlaps' bilinear samples take for
+    misregistration: plex_bias's dense regimes 3.3 -> 4.6 and 8.0 -> 12.2 counts, a flatfield's worst plane
+    0.44 -> 2.86 %.)"""
     f = n_in / n_out
-    if f >= 1:
-        edges = np.arange(n_out + 1)[:, None] * f
-        i = np.arange(n_in)[None, :]
-        return np.clip(np.minimum(edges[1:], i + 1) - np.maximum(edges[:-1], i), 0, None) / f
-    p = np.clip((np.arange(n_out) + 0.5) * f - 0.5, 0, n_in - 1)
-    i0 = np.floor(p).astype(int)
+    b = max(1, int(f))
+    centre = np.clip((np.arange(n_out) + 0.5) * f - 0.5 + (0.5 if b % 2 == 0 else 0.0), 0, n_in - 1)
+    lo = np.floor(centre).astype(int)
+    hi = np.minimum(lo + 1, n_in - 1)
     w = np.zeros((n_out, n_in))
-    w[np.arange(n_out), i0] = 1 - (p - i0)
-    w[np.arange(n_out), np.minimum(i0 + 1, n_in - 1)] += p - i0
+    rows = np.arange(n_out)
+    for k in range(b):                    # the box of an even b at index i spans i - b/2 .. i + b/2 - 1
+        for idx, share in ((lo, 1 - (centre - lo)), (hi, centre - lo)):
+            np.add.at(w, (rows, np.clip(idx - b // 2 + k, 0, n_in - 1)), share / b)
     return w
 
 
 def downsample(tiles, working_size: int):
-    """Resize tiles (N, H, W) to (N, ws, ws): each working pixel the mean of the raw pixels it covers
-    (``_resize_weights``; an exact block mean where ws divides the tile).
+    """Resize tiles (N, H, W) to (N, ws, ws) (``_resize_weights`` on both axes; the mean of each block of pixels
+    where ws divides the tile).
 
-    Was a box filter of int(H / ws) pixels, then linear: with an even box that put working pixel j at raw
-    (j + 0.5) H / ws - 1 instead of - 0.5 (half a raw pixel off: the profiles came back shifted by as much),
-    with 1/8 of each neighbour's light in it at 4:1; below 2:1 (160 -> 128) a linear mix of two raw pixels."""
+    Was a box of int(H / ws) pixels, then ``ndimage.zoom``: with an even box that put working pixel j at raw
+    (j + 0.5) H / ws - 1 instead of - 0.5, half a raw pixel off where the profiles are put back (a ramp read 5.0
+    for 5.5 at 4:1), with 1/8 of each neighbour's light in it."""
     xp = xpmod.array_module(tiles)
     tiles = tiles.astype(xp.float32, copy=False)
     n, h, w = tiles.shape
