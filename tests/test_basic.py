@@ -177,30 +177,3 @@ def test_anchored_fit_does_not_gather_the_batch_twice():
     print(f"peak allocation during the fit {peak / D.nbytes:.2f}x the batch")
     assert res.flatfield.shape == (80, 32, 32)
     assert peak < 0.8 * D.nbytes                                     # gathering them all: 2.3x
-
-
-@pytest.mark.parametrize("shape", [(512, 512), (160, 128), (192, 256), (1000, 1344)])
-def test_a_working_pixel_sits_where_upsample_puts_it_back(xp, shape):
-    """Working pixel j is read at raw (j + 0.5) H / ws - 0.5, where ``upsample`` puts it back: a ramp keeps its
-    values (no shift; no wandering either, as an area average at a fractional ratio has); where ws divides the
-    tile it is the mean of its block (a box of raw pixels lands in its working pixel alone, noise averaged over
-    the block), elsewhere at least as much as over a box of int(H / ws) x int(W / ws) raw pixels. (The box filter
-    before put a 2:1 or 4:1 working pixel half a raw pixel off, with 1/8 of each neighbour in it at 4:1.)"""
-    h, w = shape
-    ws = 128
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    for ramp, n, axis in ((yy, h, 0), (xx, w, 1)):
-        got = xpmod.to_host(basic.downsample(xpmod.to_device(ramp[None], xp), ws))[0]
-        centre = (np.arange(ws) + 0.5) * n / ws - 0.5
-        np.testing.assert_allclose(got, np.broadcast_to(np.expand_dims(centre, 1 - axis), got.shape),
-                                   atol=2e-6 * n * n / ws)                              # float32 sums
-    if h % ws == 0:
-        f = h // ws
-        box = np.zeros((1, h, w), np.float32)
-        box[0, 5 * f:6 * f, 7 * f:8 * f] = 1
-        small = xpmod.to_host(basic.downsample(xpmod.to_device(box, xp), ws))[0]
-        assert small[5, 7] == pytest.approx(1) and small.sum() == pytest.approx(1)
-    noise = np.random.default_rng(0).normal(0, 1, (4, h, w)).astype(np.float32)
-    sd = float(xpmod.to_host(basic.downsample(xpmod.to_device(noise, xp), ws)).std())
-    box = np.sqrt(1 / (max(1, h // ws) * max(1, w // ws)))     # the noise of a box of int(H / ws) x int(W / ws)
-    assert sd == pytest.approx(box, rel=0.05) if h % ws == 0 and w % ws == 0 else sd <= 1.02 * box
